@@ -1,0 +1,30 @@
+"""Trust-region objectives for LLM RL as pure, registered functions (spec: shared/reference/objectives.md).
+
+from harness.objectives import get_objective, aggregate, OBJECTIVE_NAMES
+obj = get_objective("dppo", delta=0.2)
+out = obj(logp=..., behavior_logp=..., advantages=..., mask=...)
+loss = aggregate(out.loss_mat, mask, mode="seq-mean-token-sum-norm", horizon=max_response_tokens)
+"""
+
+from harness.objectives.aggregate import AGG_MODES, aggregate
+from harness.objectives.common import ObjectiveOutput
+from harness.objectives.registry import (
+    FAMILIES,
+    OBJECTIVE_NAMES,
+    Objective,
+    get_objective,
+    objective_config,
+    objective_from_config,
+)
+
+__all__ = [
+    "AGG_MODES",
+    "FAMILIES",
+    "OBJECTIVE_NAMES",
+    "Objective",
+    "ObjectiveOutput",
+    "aggregate",
+    "get_objective",
+    "objective_config",
+    "objective_from_config",
+]
