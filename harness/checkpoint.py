@@ -1,0 +1,191 @@
+"""Save and resume training state: model, optimizer, RNG streams and the trainer's own counters.
+
+Layout under the run directory:
+
+    checkpoints/step_<k>/model.safetensors   model weights (tied weights stored once, see save_model)
+    checkpoints/step_<k>/optimizer.pt        optimizer.state_dict()
+    checkpoints/step_<k>/state.pt            {"step": k, "extra": {...}, "rng": {...}}
+    checkpoints/latest                       the folder name of the newest checkpoint
+
+A checkpoint is written into a hidden temp folder and renamed into place, so a folder named step_<k> is
+always complete; a crash mid-save leaves only a temp folder, which loading ignores and the next save removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_model
+
+from harness.runlog import atomic_write_text, fsync_path
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+_TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def save_checkpoint(
+    run_dir: Path | str,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoints/step_<step>/, point `latest` at it, and keep only the newest `keep` checkpoints.
+
+    `extra` holds whatever else the trainer needs to continue (data position, scheduler state, ...): plain
+    Python values and tensors only, because loading uses torch.load(weights_only=True).
+    """
+    if keep < 1:
+        raise ValueError(f"checkpoint keep={keep} is not allowed; keep at least 1")
+    _check_plain(extra, "extra")
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(_TMP_PREFIX + "*"):  # left by a save that crashed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
+
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{_TMP_PREFIX}step_{step}-"))
+    save_model(model, str(tmp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"step": int(step), "extra": extra, "rng": _rng_state()}, tmp / "state.pt")
+    for f in tmp.iterdir():
+        fsync_path(f)  # the data must be on disk before the rename makes the folder count as complete
+
+    final = root / f"step_{step}"
+    if final.exists():  # the same step saved again after a resume: the new state replaces it
+        final.rename(root / f"{_TMP_PREFIX}replaced-{final.name}")
+    os.replace(tmp, final)
+    fsync_path(root)
+    atomic_write_text(root / LATEST, final.name + "\n")
+
+    # Checkpoints past `step` come from an abandoned future (we resumed from an earlier one): drop them,
+    # then keep the newest `keep` of the rest.
+    older = [p for s, p in _complete(root) if s <= step]
+    for s, p in _complete(root):
+        if s > step or p in older[:-keep]:
+            shutil.rmtree(p)
+    for stale in root.glob(_TMP_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_latest(run_dir: Path | str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Restore the newest readable checkpoint into `model` and `optimizer`, and restore the RNG streams.
+
+    Returns {"step": k, "extra": {...}, "path": Path} or None if there is no checkpoint. An unreadable
+    checkpoint (truncated or corrupt file) costs one warning and the previous one is tried; a readable one
+    that does not fit the model or optimizer raises ValueError, since an older one would not fit either.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    candidates = _load_order(root) if root.is_dir() else []
+    for path in candidates:
+        try:
+            tensors, aliases, opt_state, state = _read(path)
+        except Exception as e:  # any read failure (truncation, bad zip, missing file) means "try older"
+            logger.warning("checkpoint %s is unreadable, trying the previous one: %s", path, _first_line(e))
+            continue
+        for alias, kept in aliases.items():  # tied weights were saved once under the kept name
+            if kept in tensors:
+                tensors[alias] = tensors[kept]
+        try:
+            model.load_state_dict(tensors, strict=True)
+            optimizer.load_state_dict(opt_state)
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {_first_line(e)}") from e
+        _set_rng_state(state["rng"])
+        return {"step": int(state["step"]), "extra": state["extra"], "path": path}
+    if candidates:
+        logger.warning("no readable checkpoint under %s; starting from scratch", root)
+    return None
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, Any], dict[str, Any]]:
+    # Everything is read before anything is applied, so a bad file never leaves the model half-restored.
+    with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        aliases = dict(f.metadata() or {})
+    opt_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    return tensors, aliases, opt_state, state
+
+
+def _complete(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint, oldest first; temp folders do not match the name."""
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
+    return sorted(found)
+
+
+def _load_order(root: Path) -> list[Path]:
+    """The folder `latest` names first, then the rest newest first."""
+    order = [p for _, p in reversed(_complete(root))]
+    pointer = root / LATEST
+    if pointer.exists():
+        named = root / pointer.read_text().strip()
+        if named in order:
+            order.remove(named)
+            order.insert(0, named)
+        else:
+            logger.warning("%s names %s, which does not exist; using the newest checkpoint", pointer, named.name)
+    return order
+
+
+def _rng_state() -> dict[str, Any]:
+    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, key.tolist(), pos, has_gauss, gauss),  # lists load under weights_only, arrays do not
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            have = torch.cuda.device_count()
+            logger.warning("CUDA RNG not restored: saved for %d devices, %d present", len(cuda), have)
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Reject what torch.load(weights_only=True) could not read back, at save time rather than at resume."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str | int):
+                raise ValueError(f"{where}: key {k!r} must be a str or int")
+            _check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    elif not (value is None or isinstance(value, bool | int | float | str | torch.Tensor)):
+        raise ValueError(
+            f"{where}: a {type(value).__name__} cannot go in a checkpoint; allowed: numbers, str, bool, None, "
+            "tensors, lists, tuples, dicts"
+        )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
