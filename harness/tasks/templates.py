@@ -1,0 +1,29 @@
+"""Prompt templates: how a question becomes the text the policy is conditioned on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TEMPLATES = ("chat", "plain", "qwen_math")
+
+# The instruction the Qwen3 base-model runs of both papers append to every question.
+QWEN_MATH_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def render(tokenizer: Any, question: str, template: str = "chat") -> str:
+    """``chat``: the tokenizer's chat template with one user turn and the generation prompt;
+    ``plain``: question + newline; ``qwen_math``: question + the boxed-answer instruction + newline."""
+    if template == "chat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"template 'chat' needs a tokenizer with a chat_template; {type(tokenizer).__name__} has none "
+                "(use 'plain' or 'qwen_math' for base models)"
+            )
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+    if template == "plain":
+        return question + "\n"
+    if template == "qwen_math":
+        return question + QWEN_MATH_SUFFIX + "\n"
+    raise ValueError(f"unknown prompt template {template!r}; allowed: {', '.join(TEMPLATES)}")

@@ -1,0 +1,167 @@
+import time
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harness.models import (
+    TinyModelConfig,
+    build_tiny,
+    default_cache_dir,
+    load_policy,
+    tiny_model_dir,
+)
+from harness.rewards import grade
+from harness.tasks.arith import ArithConfig, make_splits
+from harness.tasks.templates import QWEN_MATH_SUFFIX, render
+
+SMALL = TinyModelConfig(
+    vocab_size=300, hidden_size=64, num_layers=2, head_dim=16, intermediate_size=128,
+    sft_steps=5, sft_batch=16, sft_warmup=2, corpus_size=2000,
+)  # fmt: skip
+TASK = ArithConfig(kinds=("add", "add_mul"), n_eval=40)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The machine's cores are shared; two threads under contention run ~15x slower than one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return build_tiny(SMALL, TASK, tmp_path_factory.mktemp("cache"), progress=False)
+
+
+def test_build_caches_atomically(built: Path):
+    assert built == tiny_model_dir(SMALL, TASK, built.parent) and built.name.startswith("tiny-")
+    assert [p.name for p in built.parent.iterdir()] == [built.name]  # no temp folder left behind
+    weights = built / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    start = time.perf_counter()
+    assert build_tiny(SMALL, TASK, built.parent, progress=False) == built
+    assert time.perf_counter() - start < 1.0 and weights.stat().st_mtime_ns == mtime
+    # Any config change is a different model.
+    assert tiny_model_dir(TinyModelConfig(), TASK, built.parent) != built
+    assert tiny_model_dir(SMALL, ArithConfig(), built.parent) != built
+
+
+def test_reload_restores_every_weight(built: Path):
+    saved = load_file(built / "model.safetensors")
+    model, tokenizer = load_policy(str(built))
+    state = model.state_dict()
+    for name, tensor in saved.items():
+        assert torch.equal(state[name], tensor), name
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
+    # Nothing was left to random init: two loads give bit-identical logits.
+    again, _ = load_policy(str(built))
+    ids = tokenizer([render(tokenizer, "What is 3+4*5?")], return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        assert torch.equal(model(**ids).logits, again(**ids).logits)
+
+
+def test_build_is_deterministic(built: Path, tmp_path: Path):
+    other = build_tiny(SMALL, TASK, tmp_path, progress=False)
+    a, b = load_file(built / "model.safetensors"), load_file(other / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (built / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()
+    # ... and the seed matters: SFT changed the weights differently.
+    reseeded = build_tiny(TinyModelConfig(**{**SMALL.__dict__, "seed": 1}), TASK, tmp_path, progress=False)
+    c = load_file(reseeded / "model.safetensors")
+    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+def test_chat_template_and_special_tokens(built: Path):
+    model, tok = load_policy(str(built))
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token, tok.pad_token_id) == ("<|end|>", 0, "<|pad|>", 3)
+    assert tok.padding_side == "left"
+    assert model.generation_config.eos_token_id == 0 and model.generation_config.pad_token_id == 3
+    assert model.config.vocab_size == len(tok) <= SMALL.vocab_size
+    chat = [{"role": "user", "content": "What is 12+7?"}, {"role": "assistant", "content": "\\boxed{19}"}]
+    text = tok.apply_chat_template(chat, tokenize=False)
+    assert text == "<|user|>What is 12+7?<|assistant|>\\boxed{19}<|end|>"
+    assert render(tok, "What is 12+7?") == "<|user|>What is 12+7?<|assistant|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == tok.convert_tokens_to_ids("<|user|>") and ids[-1] == tok.eos_token_id
+    assert tok.decode(ids) == text
+    assert tok.decode(ids, skip_special_tokens=True) == "What is 12+7?\\boxed{19}"
+    with pytest.raises(Exception, match="only user and assistant"):
+        tok.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
+
+
+def test_templates():
+    assert render(None, "What is 2+2?", "plain") == "What is 2+2?\n"
+    assert render(None, "What is 2+2?", "qwen_math") == "What is 2+2?" + QWEN_MATH_SUFFIX + "\n"
+    assert QWEN_MATH_SUFFIX == " Please reason step by step, and put your final answer within \\boxed{}."
+    with pytest.raises(ValueError, match="chat, plain, qwen_math"):
+        render(None, "q", "alpaca")
+    with pytest.raises(ValueError, match="chat_template"):
+        render(object(), "q", "chat")
+
+
+@pytest.mark.parametrize("missing", ["/definitely/not/here", "./not-here", "~/not-here", "not a model!"])
+def test_load_policy_missing_path_is_one_line(missing):
+    with pytest.raises(FileNotFoundError) as err:
+        load_policy(missing)
+    assert missing in str(err.value) and "\n" not in str(err.value)
+
+
+def test_load_policy_unreachable_hub_id_is_one_line(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError, match="could not be found locally or downloaded") as err:
+        load_policy("no-such-org/no-such-model")
+    assert "\n" not in str(err.value) and err.value.__suppress_context__
+
+
+def test_load_policy_folder_that_is_not_a_model(tmp_path):
+    with pytest.raises(OSError, match="is not a loadable model"):
+        load_policy(str(tmp_path))
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("HARNESS_CACHE")
+    assert default_cache_dir() == Path.home() / ".cache" / "trust-region-harness"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"hidden_size": 0}, "hidden_size"),
+        ({"vocab_size": 100}, "vocab_size"),
+        ({"num_heads": 4, "num_kv_heads": 3}, "num_heads"),
+        ({"sft_lr": -1.0}, "sft_lr"),
+        ({"sft_steps": -1}, "sft_steps"),
+    ],
+)
+def test_bad_tiny_config_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        TinyModelConfig(**kwargs)
+
+
+@pytest.mark.slow
+def test_default_warm_start_accuracy():
+    """The default build is the RL starting point: 15-35% held-out accuracy at T=1 (recipe: ~21%)."""
+    task = ArithConfig()
+    model, tok = load_policy(str(build_tiny(TinyModelConfig(), task, default_cache_dir())))
+    _, held_out = make_splits(task)
+    torch.manual_seed(0)
+    texts, finished = [], []
+    for start in range(0, len(held_out), 200):
+        chunk = held_out[start : start + 200]
+        enc = tok([render(tok, p.question) for p in chunk], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24)
+        new = out[:, enc["input_ids"].shape[1] :]
+        texts += tok.batch_decode(new, skip_special_tokens=True)
+        finished += (new == tok.eos_token_id).any(dim=1).tolist()
+    result = grade(texts, [p.answer for p in held_out], finished)
+    accuracy = sum(result.correct) / len(held_out)
+    assert 0.15 <= accuracy <= 0.35, accuracy
+    assert sum(finished) / len(finished) > 0.95  # the warm start learned to stop
