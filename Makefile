@@ -34,6 +34,9 @@ test-fast: $(STAMP)  ## the fast tests only
 run: $(STAMP)  ## install if needed, then one default training run on CPU
 	$(PY) run.py
 
+figures: $(STAMP)  ## curves and tables from every run under outputs/
+	$(PY) -m analysis
+
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .
 

@@ -5,6 +5,10 @@ Rules (reference/tiny-learnability.md):
   stop emitting the end token.
 - With ``require_boxed`` (default) only the content of the last complete top-level ``\\boxed{...}`` is graded.
   math-verify without an anchor accepts a bare ``42`` or ``6*7=42`` anywhere in the text.
+- ``fallback_pattern`` (optional, e.g. ``Answer:\\s*(.+)`` for DAPO-style prompts): when a completion has no
+  complete box, the last match of this regex in its final ``FALLBACK_TAIL_CHARS`` characters is graded instead
+  (group 1 if the pattern has a group, else the whole match). The regex runs in the calling process on that
+  bounded tail, so a pattern without nested quantifiers costs microseconds.
 - Only math-verify's LaTeX extraction is used: its plain-expression extraction runs sympy's ``parse_expr``,
   which evaluates Python code, and model text must never be executed.
 
@@ -49,6 +53,8 @@ from math_verify import LatexExtractionConfig, parse, verify
 # Box contents longer than this are counted as unparsable without trying: no answer in this harness is that
 # long, and parsing junk of that size would spend the whole time limit on every such completion.
 MAX_BOX_CHARS = 1000
+# The fallback pattern only looks at the end of a completion, where a final answer is written.
+FALLBACK_TAIL_CHARS = 1000
 # How long a fresh worker process may take to import math-verify (sympy) on a loaded 2-core machine.
 WORKER_START_TIMEOUT_S = 120.0
 
@@ -69,6 +75,9 @@ class GradeResult:
     math-verify cannot parse. Truncated completions are not parsed and are not counted here."""
     timed_out: list[bool]
     """Parse + verify overran ``timeout_s`` (or the worker process died); graded ``wrong``."""
+    extracted: list[str | None]
+    """The text that was graded (box content or fallback match), None for truncated or answerless completions:
+    what majority voting counts."""
     metrics: dict[str, float]
     """``reward/format_fail_frac``, ``reward/timeout_frac``, ``reward/truncated_frac`` (fractions of all)."""
 
@@ -79,6 +88,7 @@ def grade(
     finished: list[bool] | None = None,
     *,
     require_boxed: bool = True,
+    fallback_pattern: str | None = None,
     timeout_s: float = 5.0,
     correct: float = 1.0,
     wrong: float = 0.0,
@@ -87,7 +97,8 @@ def grade(
     """Grade each completion against its gold answer (a LaTeX string such as ``42`` or ``\\frac{1}{2}``).
 
     ``finished[i]`` False marks a truncated completion (reward ``wrong``). ``timeout_s`` limits parse + verify of
-    one completion. ``workers > 1`` grades in that many processes in parallel."""
+    one completion. ``workers > 1`` grades in that many processes in parallel. ``fallback_pattern``: see the
+    module docstring."""
     n = len(completions)
     if len(answers) != n or (finished is not None and len(finished) != n):
         raise ValueError(
@@ -98,17 +109,22 @@ def grade(
         raise ValueError(f"grade: timeout_s must be a positive number of seconds, got {timeout_s!r}")
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"grade: workers must be an integer >= 1, got {workers!r}")
+    fallback = compile_fallback(fallback_pattern)
 
     codes = [_WRONG] * n
     truncated = [finished is not None and not finished[i] for i in range(n)]
+    extracted: list[str | None] = [None] * n
     jobs: list[tuple[int, str, str]] = []  # (index, text handed to math-verify, gold)
     for i, text in enumerate(completions):
         if truncated[i]:
             continue
-        target = _last_boxed(text) if require_boxed else text
+        target = last_boxed(text) if require_boxed else text
+        if target is None and fallback is not None:
+            target = _fallback_match(fallback, text)
         if target is None or not target.strip() or (require_boxed and len(target) > MAX_BOX_CHARS):
             codes[i] = _NO_ANSWER
             continue
+        extracted[i] = target
         jobs.append((i, f"\\boxed{{{target}}}" if require_boxed else target, str(answers[i])))
 
     if jobs:
@@ -131,6 +147,7 @@ def grade(
         correct=[c == _CORRECT for c in codes],
         format_fail=format_fail,
         timed_out=timed_out,
+        extracted=extracted,
         metrics={
             "reward/format_fail_frac": frac(format_fail),
             "reward/timeout_frac": frac(timed_out),
@@ -139,7 +156,45 @@ def grade(
     )
 
 
-def _last_boxed(text: str) -> str | None:
+def gradable(answers: list[str], *, timeout_s: float = 5.0, workers: int = 1) -> list[bool]:
+    """Whether each gold answer is usable by ``grade``: math-verify parses it and a completion boxing it is
+    graded correct within ``timeout_s``. Training-set loaders drop problems whose answer is not."""
+    jobs: list[tuple[int, str, str]] = []
+    for i, answer in enumerate(answers):
+        target = last_boxed(f"\\boxed{{{answer}}}")  # exactly what grading would extract from such a box
+        if target is not None and target.strip() and len(target) <= MAX_BOX_CHARS:
+            jobs.append((i, f"\\boxed{{{target}}}", str(answer)))
+    if not jobs:
+        return [False] * len(answers)
+    if workers == 1 and _signals_usable():
+        results = _grade_with_alarm(jobs, timeout_s)
+    else:
+        results = _pool_grade(jobs, timeout_s, workers)
+    return [results.get(i) == _CORRECT for i in range(len(answers))]
+
+
+def compile_fallback(pattern: str | None) -> re.Pattern[str] | None:
+    """The fallback answer regex, compiled; a ValueError naming it if it is not a valid regex."""
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"fallback answer pattern {pattern!r} is not a valid regular expression: {e}") from None
+
+
+def _fallback_match(regex: re.Pattern[str], text: str) -> str | None:
+    last = None
+    for match in regex.finditer(text[-FALLBACK_TAIL_CHARS:]):
+        last = match
+    if last is None:
+        return None
+    answer = (last.group(1) if regex.groups else last.group(0)) or ""
+    # "Answer: $42$." -> "42": math delimiters and a closing full stop are not part of the answer.
+    return answer.strip().rstrip(".").strip().strip("$").strip() or None
+
+
+def last_boxed(text: str) -> str | None:
     """Content of the ``\\boxed{...}`` that closes last, None if no box closes. A box enclosing another closes
     after it, so this is always an outermost box; a box that never closes is ignored (``\\boxed{ \\boxed{42}``
     gives ``42``). One linear pass: adversarial runs of unclosed boxes cost O(len(text))."""

@@ -295,6 +295,7 @@ def test_wandb_init_hang_is_cut_off_by_the_guard(tmp_path: Path) -> None:
     # A server that never answers: wandb's account lookup alone waits ~10 s before init_timeout starts, so
     # the thread guard (init_timeout_s + grace, here 1 + 1 s) is what returns control to training.
     elapsed, total, stderr = run_online(tmp_path, "0123456789" * 4, hang=True, timeout_s=1.0)
-    assert "no answer in 2 s" in stderr, stderr[-2000:]
+    # Whichever gives up first (the guard, or wandb's own init_timeout once its lookup is done) must warn once.
+    assert "no answer in 2 s" in stderr or "unavailable, logging to" in stderr, stderr[-2000:]
     assert elapsed < 8  # wandb on its own needs ~11 s here
     print(f"guarded init returned after {elapsed:.1f} s; the process needed {total:.1f} s to exit")

@@ -7,6 +7,7 @@ loss = aggregate(out.loss_mat, mask, mode="seq-mean-token-sum-norm", horizon=max
 """
 
 from harness.objectives.aggregate import AGG_MODES, aggregate
+from harness.objectives.base import ObjectiveConfig
 from harness.objectives.common import ObjectiveOutput
 from harness.objectives.registry import (
     FAMILIES,
@@ -22,6 +23,7 @@ __all__ = [
     "FAMILIES",
     "OBJECTIVE_NAMES",
     "Objective",
+    "ObjectiveConfig",
     "ObjectiveOutput",
     "aggregate",
     "get_objective",

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import chain, zip_longest
 from typing import Any
 
 from harness.tasks.arith import ArithConfig, Problem, make_splits
+from harness.tasks.loaders import load_benchmark_file, load_dapo_math, load_math
 from harness.tasks.templates import render
+
+logger = logging.getLogger(__name__)
+
+TRAINING_SETS = ("arith", "dapo_math", "math_lvl3to5")
+# The years each AIME benchmark holds, in order; aime24_25 reads one source per year (harness.config checks it).
+BENCHMARK_PARTS: dict[str, tuple[str, ...]] = {
+    "aime24": ("aime24",),
+    "aime25": ("aime25",),
+    "aime24_25": ("aime24", "aime25"),
+}
 
 
 def arith_config(data: Any) -> ArithConfig:
@@ -18,14 +31,62 @@ def arith_config(data: Any) -> ArithConfig:
 
 def load_problems(data: Any, benchmark: Any) -> tuple[list[Problem], list[Problem]]:
     """(training problems, evaluation problems) for the data and benchmark configs."""
-    if data.name != "arith" or benchmark.name != "arith":
-        raise ValueError(
-            f"data={data.name} benchmark={benchmark.name}: only the synthetic 'arith' task is available so far"
-        )
-    train, held_out = make_splits(arith_config(data))
+    return load_training_set(data), load_benchmark(benchmark, data)
+
+
+def load_training_set(data: Any) -> list[Problem]:
+    """`data=arith`: the synthetic train split; `dapo_math` / `math_lvl3to5`: deduplicated, gradable problems
+    from `data.path` (counts are logged)."""
+    if data.name == "arith":
+        return make_splits(arith_config(data))[0]
+    if data.name == "dapo_math":
+        keep = data.dapo_instruction == "keep"
+        problems, counts = load_dapo_math(data.path, split=data.split, keep_instruction=keep)
+    elif data.name == "math_lvl3to5":
+        problems, counts = load_math(data.path, levels=tuple(data.levels), split=data.split)
+    else:
+        raise ValueError(f"data.name: unknown training set {data.name!r}; allowed: {', '.join(TRAINING_SETS)}")
+    logger.info("data=%s from %s: %s", data.name, data.path, ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return problems
+
+
+def load_benchmark(benchmark: Any, data: Any) -> list[Problem]:
+    """`benchmark=arith`: the held-out split of data's arith config; `aime24` / `aime25`: `benchmark.path`;
+    `aime24_25`: its two sources concatenated (kinds "aime24", "aime25"). Then the first
+    `benchmark.max_problems`, taken round-robin over kinds so a prefix keeps the mix."""
+    if benchmark.name == "arith":
+        problems = make_splits(arith_config(data))[1]
+    elif benchmark.name in BENCHMARK_PARTS:
+        parts, sources = BENCHMARK_PARTS[benchmark.name], benchmark_sources(benchmark)
+        per_part = [load_benchmark_file(s, kind, split=benchmark.split) for s, kind in zip(sources, parts, strict=True)]
+        problems = [p for part in per_part for p in part]
+        if len({p.id for p in problems}) < len(problems):  # two sources number their rows alike
+            problems = [replace(p, id=f"{p.kind}/{p.id}") for p in problems]
+    else:
+        allowed = ", ".join(["arith", *BENCHMARK_PARTS])
+        raise ValueError(f"benchmark.name: unknown benchmark {benchmark.name!r}; allowed: {allowed}")
     if benchmark.max_problems is not None:
-        held_out = _interleave_kinds(held_out)[: benchmark.max_problems]
-    return train, held_out
+        problems = _interleave_kinds(problems)[: benchmark.max_problems]
+    return problems
+
+
+def benchmark_sources(benchmark: Any) -> list[str]:
+    """`benchmark.path` as a list with one source per part of the benchmark (a ValueError if it has not):
+    a string (comma-separated for several) or a list."""
+    parts = BENCHMARK_PARTS.get(benchmark.name, ())
+    path = benchmark.path
+    if path is None:
+        sources = []
+    elif isinstance(path, str):
+        sources = [s.strip() for s in path.split(",")]
+    else:
+        sources = [str(s).strip() for s in path]
+    if len(sources) != len(parts) or not all(sources):
+        raise ValueError(
+            f"benchmark.path: benchmark={benchmark.name} needs {len(parts)} source(s) ({', '.join(parts)}), "
+            f"each a .jsonl/.parquet file or hub dataset name; got {path!r}"
+        )
+    return sources
 
 
 def _interleave_kinds(problems: Sequence[Problem]) -> list[Problem]:

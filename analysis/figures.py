@@ -1,0 +1,362 @@
+"""Pure DataFrame -> matplotlib Figure functions, one per kind of figure the two papers show.
+
+Every curve is the mean over seeds of one arm (objective, and whatever else the experiment varies) with a 95%
+Student-t band; an arm with one seed gets no band. The legend gives each arm's number of seeds. When precision
+varies next to something else, each precision gets its own column of panels (DRPO's bf16 / fp8 grid).
+
+Quantities that span orders of magnitude (mismatch, KL, max ratio) get a log axis; there a band reaching below
+zero is cut at half the smallest value. A function whose columns are absent raises SkipFigure with a one-line
+reason; it never draws an empty figure. Figures are built without pyplot (no global state, nothing to close) and
+render with the Agg canvas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from analysis.stats import arm_columns, arm_labels, final_eval_scores, mean_ci, score_column
+
+FACET = "precision.name"
+_CELL_W, _CELL_H = 5.2, 3.1
+
+
+class SkipFigure(ValueError):
+    """The data holds nothing this figure can show (the message says what is missing)."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One row of panels: `column` of `data` against the x column, labelled `ylabel`."""
+
+    data: pd.DataFrame
+    column: str
+    ylabel: str
+    logy: bool = False
+
+
+# --- training curves (metrics.jsonl: one row per run and step) ------------------------------------------------
+
+
+def fig_reward_curves(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """Training reward vs step (P-DPPO Fig. 3 left, Fig. 5-7 top; DRPO training reward)."""
+    panels = _metric_panels(metrics, [("reward/mean", "training reward (mean over samples)", False)])
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "training reward"))
+
+
+def fig_mismatch(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """Training-inference mismatch vs step (P-DPPO Fig. 3 right, Fig. 4): k3 KL(mu||pi) and mean |pi - mu|,
+    measured before each step's first update, so it is the engine-vs-trainer gap alone."""
+    specs = [
+        ("mismatch/k3", "mismatch k3 KL(μ‖π) per token", True),
+        ("mismatch/abs_prob_diff_mean", "mismatch mean |π − μ|", True),
+    ]
+    panels = _metric_panels(metrics, specs)
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "training-inference mismatch"))
+
+
+def fig_bad_updates(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """Fraction of tokens pushed down (A < 0) although pi already sits far below mu (P-DPPO Fig. 5)."""
+    panels = _metric_panels(metrics, [("mismatch/bad_update_frac", "bad updates (fraction of tokens)", False)])
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "bad updates"))
+
+
+def fig_entropy(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """Policy entropy over response tokens vs step (P-DPPO Fig. 6-7: entropy collapse under Relax-low)."""
+    panels = _metric_panels(metrics, [("rollout/entropy", "policy entropy (nats / token)", False)])
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "policy entropy"))
+
+
+def fig_response_length(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """Mean response length of the training rollouts vs step (DRPO's length curves)."""
+    panels = _metric_panels(metrics, [("rollout/response_len_mean", "response length (tokens)", False)])
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "response length"))
+
+
+def fig_masked_frac(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """Share of tokens (A != 0) whose gradient the trust region dropped or clipped, split by sign(A)."""
+    specs = [
+        ("objective/masked_frac_pos", "masked / clipped fraction, A > 0", False),
+        ("objective/masked_frac_neg", "masked / clipped fraction, A < 0", False),
+    ]
+    panels = _metric_panels(metrics, specs)
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "trust-region masking"))
+
+
+def fig_policy_drift(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """How far the updates move pi from mu within a step: k3 KL at the update and the largest ratio pi/mu."""
+    specs = [
+        ("objective/approx_kl_k3", "k3 KL(μ‖π) at the update", True),
+        ("objective/ratio_max", "max ratio π/μ", True),
+    ]
+    panels = _metric_panels(metrics, specs)
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "policy drift within a step"))
+
+
+def fig_drpo_weights(
+    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+) -> Figure:
+    """SPO/DRPO/penalty weight w in c = A r w: tokens corrected (w < 0) and amplified (w > 1)."""
+    specs = [
+        ("objective/neg_weight_frac", "fraction with w < 0 (corrective)", False),
+        ("objective/weight_gt1_frac", "fraction with w > 1 (amplified)", False),
+    ]
+    panels = _metric_panels(metrics, specs)
+    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "regulariser weights"))
+
+
+# --- evaluation (eval.jsonl: one row per run and evaluation) -------------------------------------------------
+
+
+def fig_eval_curves(
+    evals: pd.DataFrame, *, arms: Sequence[str] | None = None, score: str | None = None, title: str = ""
+) -> Figure:
+    """Eval score (avg@k) vs step, one row of panels per benchmark (P-DPPO Fig. 8-10, DRPO main figure)."""
+    score = _score(evals, score)
+    panels = [Panel(sub, score, f"{bench} {score}") for bench, sub in _by_benchmark(evals) if sub[score].notna().any()]
+    return _curves(panels, arms=arms, x="step", smooth=1, title=_title(title, f"evaluation {score}"))
+
+
+def fig_final_scores(
+    evals: pd.DataFrame, *, arms: Sequence[str] | None = None, score: str | None = None, title: str = ""
+) -> Figure:
+    """Final eval score per arm as bars (mean, 95% CI, one dot per seed): the ablations' comparison."""
+    score = _score(evals, score)
+    arms = list(arm_columns(evals) if arms is None else arms)
+    benches = _by_benchmark(evals)
+    n_arms = arm_labels(evals, arms).nunique()
+    fig = _figure(1, len(benches), width=len(benches) * max(_CELL_W, 0.55 * n_arms + 1.5))
+    for ax, (bench, sub) in zip(fig.axes, benches, strict=True):
+        per_run = _per_run_final(sub, score, arms)
+        labels = sorted(per_run["label"].unique())
+        colors = _colors(labels)
+        for i, label in enumerate(labels):
+            vals = per_run.loc[per_run["label"] == label, "final"].to_numpy(float)
+            st = mean_ci(pd.DataFrame([vals])).iloc[0]
+            ax.bar(i, st["mean"], color=colors[label], alpha=0.75, width=0.7)
+            if st["n"] >= 2:
+                ax.vlines(i, st["lo"], st["hi"], color="black", linewidth=1.5)
+            ax.scatter(np.full(len(vals), i), vals, color="black", s=10, zorder=3)
+        ax.set_xticks(range(len(labels)), [f"{lab}\n(n={(per_run['label'] == lab).sum()})" for lab in labels])
+        ax.tick_params(axis="x", labelrotation=30 if len(labels) > 4 else 0, labelsize=7)
+        ax.set_ylabel(f"{bench} final {score}")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(_title(title, f"final {score}") + "\nbar: mean over seeds, line: 95% CI (Student t), dots: seeds")
+    return fig
+
+
+def fig_delta_sweep(
+    evals: pd.DataFrame,
+    *,
+    param: str = "objective.delta",
+    arms: Sequence[str] | None = None,
+    score: str | None = None,
+    title: str = "",
+) -> Figure:
+    """Final eval score vs a trust-region size (P-DPPO delta sweep, DRPO Fig. 9-10), one line per arm."""
+    score = _score(evals, score)
+    if param not in evals.columns:
+        raise SkipFigure(f"no {param} column")
+    hue = list(arm_columns(evals, exclude=[param]) if arms is None else [a for a in arms if a != param])
+    runs = evals.drop_duplicates("run")
+    # A preset's own delta (grpo 0.2, dppo 0.15) varies with the objective but is no sweep.
+    if runs.groupby(arm_labels(runs, hue))[param].nunique().max() < 2:
+        raise SkipFigure(f"no arm has more than one {param} value: no sweep")
+    benches = _by_benchmark(evals)
+    fig = _figure(1, len(benches))
+    for ax, (bench, sub) in zip(fig.axes, benches, strict=True):
+        per_run = _per_run_final(sub, score, [*hue, param])
+        per_run["label"] = arm_labels(per_run, hue)
+        per_run["x"] = pd.to_numeric(per_run[param], errors="coerce")
+        colors = _colors(sorted(per_run["label"].unique()))
+        for label, rows in per_run.dropna(subset=["x"]).groupby("label", sort=True):
+            st = mean_ci(rows.pivot_table(index="x", columns="run", values="final"))
+            seeds = sorted(set(st["n"]))
+            per = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+            ax.plot(st.index, st["mean"], marker="o", color=colors[label], label=f"{label} (n={per} per value)")
+            ok = st["n"] >= 2
+            ax.vlines(st.index[ok], st["lo"][ok], st["hi"][ok], color=colors[label], alpha=0.6)
+            ax.scatter(rows["x"], rows["final"], color=colors[label], s=8, alpha=0.5)
+        xs = per_run["x"].dropna()
+        if (xs > 0).all() and xs.max() / xs.min() >= 10:
+            ax.set_xscale("log")
+            ax.minorticks_off()
+        ticks = sorted(xs.unique())
+        ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
+        ax.set_xlabel(param)
+        ax.set_ylabel(f"{bench} final {score}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        _title(title, f"final {score} vs {param}") + "\nmean over seeds, bars: 95% CI (Student t), dots: seeds"
+    )
+    return fig
+
+
+# --- the registry the driver walks ----------------------------------------------------------------------------
+
+# Figure file stem -> function; the first group reads `metrics` (and takes smooth=), the second `evals`.
+METRIC_FIGURES: dict[str, Callable[..., Figure]] = {
+    "reward_curves": fig_reward_curves,
+    "mismatch": fig_mismatch,
+    "bad_updates": fig_bad_updates,
+    "entropy": fig_entropy,
+    "response_length": fig_response_length,
+    "masked_frac": fig_masked_frac,
+    "policy_drift": fig_policy_drift,
+    "drpo_weights": fig_drpo_weights,
+}
+EVAL_FIGURES: dict[str, Callable[..., Figure]] = {
+    "eval_curves": fig_eval_curves,
+    "final_scores": fig_final_scores,
+    "delta_sweep": fig_delta_sweep,
+}
+
+
+def save_figure(fig: Figure, out_dir: Path | str, stem: str, pdf: bool = False) -> list[Path]:
+    """Write `<out_dir>/<stem>.png` (and .pdf); returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.png"] + ([out_dir / f"{stem}.pdf"] if pdf else [])
+    for path in paths:
+        fig.savefig(path, dpi=130)  # constrained layout already fits every label
+    return paths
+
+
+# --- internals ------------------------------------------------------------------------------------------------
+
+
+def _title(title: str, what: str) -> str:
+    return f"{title}: {what}" if title else what
+
+
+def _figure(rows: int, cols: int, width: float | None = None) -> Figure:
+    fig = Figure(figsize=(width or _CELL_W * cols, _CELL_H * rows + 0.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    fig.subplots(rows, cols, squeeze=False)
+    return fig
+
+
+def _colors(labels: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """A fixed colour per label, in sorted order, so that one experiment's figures agree with each other."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {lab: cmap(i % cmap.N) for i, lab in enumerate(sorted(labels))}
+
+
+def _metric_panels(df: pd.DataFrame, specs: list[tuple[str, str, bool]]) -> list[Panel]:
+    panels = [Panel(df, col, label, logy) for col, label, logy in specs if col in df.columns and df[col].notna().any()]
+    if not panels:
+        raise SkipFigure(f"no values for {' / '.join(col for col, _, _ in specs)}")
+    return panels
+
+
+def _score(evals: pd.DataFrame, score: str | None) -> str:
+    score = score or score_column(evals)
+    if score is None or score not in evals.columns or not evals[score].notna().any():
+        raise SkipFigure(f"no eval score column ({score or 'avg@k'}) in eval.jsonl")
+    return score
+
+
+def _by_benchmark(evals: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    if "benchmark" not in evals.columns or evals["benchmark"].isna().all():
+        return [("eval", evals)]
+    return [(str(b), sub) for b, sub in evals.groupby("benchmark", sort=True)]
+
+
+def _per_run_final(evals: pd.DataFrame, score: str, cols: Sequence[str]) -> pd.DataFrame:
+    """One row per run: its final score, its config `cols` and the arm label over `cols`."""
+    final = final_eval_scores(evals, score)[["run", "final"]]
+    config = evals.drop_duplicates("run")[["run", *cols]]
+    out = final.merge(config, on="run")
+    out["label"] = arm_labels(out, list(cols))
+    return out
+
+
+def _curves(panels: list[Panel], *, arms: Sequence[str] | None, x: str, smooth: int, title: str) -> Figure:
+    """Rows = panels, columns = precisions (when faceted), one mean line (+ band) per arm in each cell."""
+    if smooth < 1:
+        raise ValueError(f"smooth={smooth} is not allowed; use a window of 1 (none) or more steps")
+    everything = pd.concat([p.data for p in panels], ignore_index=True)
+    if x not in everything.columns:
+        raise SkipFigure(f"no {x} column for the x axis")
+    arms = list(arm_columns(everything) if arms is None else arms)
+    facet = FACET if FACET in arms and len(arms) > 1 and everything[FACET].nunique() > 1 else None
+    hue = [a for a in arms if a != facet]
+    facets = sorted(everything[facet].astype(str).unique()) if facet else [None]
+    colors = _colors(sorted(arm_labels(everything, hue).unique()))
+
+    fig = _figure(len(panels), len(facets))
+    grid = np.array(fig.axes).reshape(len(panels), len(facets))
+    drawn = 0
+    for r, panel in enumerate(panels):
+        for c, fval in enumerate(facets):
+            ax: Axes = grid[r, c]
+            sub = panel.data if facet is None else panel.data[panel.data[facet].astype(str) == fval]
+            drawn += _draw_arms(ax, sub, panel, hue, x, smooth, colors)
+            ax.set_ylabel(panel.ylabel)
+            ax.grid(alpha=0.3)
+            if x == "step":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if r == len(panels) - 1:
+                ax.set_xlabel("training step" if x == "step" else x)
+            if r == 0 and facet is not None:
+                ax.set_title(f"precision = {fval}")
+            if r == 0 and ax.get_lines():
+                ax.legend(fontsize=7, framealpha=0.8)
+    if drawn == 0:
+        raise SkipFigure(f"no values for {' / '.join(p.column for p in panels)}")
+    note = "mean over seeds ± 95% CI (Student t)" + (f", rolling mean over {smooth} steps" if smooth > 1 else "")
+    fig.suptitle(f"{title}\n{note}")
+    return fig
+
+
+def _draw_arms(ax: Axes, sub: pd.DataFrame, panel: Panel, hue: list[str], x: str, smooth: int, colors: dict) -> int:
+    labels = arm_labels(sub, hue)
+    values = sub[panel.column].dropna()
+    # Log only when the values span orders of magnitude (mismatch grows from ~1e-5 to ~1e-2 under fp8).
+    log = panel.logy and len(values) > 0 and (values > 0).all() and values.max() / values.min() >= 30
+    drawn = 0
+    for label in sorted(labels.unique()):
+        rows = sub[labels == label]
+        # pivot_table drops runs without a value for this column, so n counts only seeds that logged it.
+        wide = rows.pivot_table(index=x, columns="run", values=panel.column, aggfunc="mean").sort_index()
+        if wide.empty:
+            continue
+        if smooth > 1:
+            wide = wide.rolling(smooth, min_periods=1).mean()
+        st = mean_ci(wide)
+        if log:  # a t-band can reach below zero, which a log axis cannot show: cut it at half the smallest value
+            st["lo"] = st["lo"].clip(lower=values.min() / 2)
+        n_runs = wide.shape[1]
+        marker = "o" if len(st) <= 12 else None
+        ax.plot(st.index, st["mean"], color=colors[label], marker=marker, markersize=3, label=f"{label} (n={n_runs})")
+        if n_runs >= 2:
+            ax.fill_between(st.index, st["lo"], st["hi"], color=colors[label], alpha=0.2, linewidth=0)
+        drawn += 1
+    if log and drawn:
+        ax.set_yscale("log")
+    return drawn

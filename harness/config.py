@@ -1,0 +1,319 @@
+"""Config schemas for every Hydra group, validated before any model is loaded.
+
+Each group's YAML (`conf/<group>/<option>.yaml`) holds values only; its fields and defaults live here. The
+schemas are also registered in Hydra's ConfigStore (as `<group>_schema/<name>`, plain dicts generated from the
+dataclass defaults) so that every field exists in the composed config and `group.key=value` overrides work
+without `+`. Type and range checks are ours (`harness.schema.build`): one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.objectives import FAMILIES, ObjectiveConfig, objective_config
+from harness.schema import build
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field(default="tiny", metadata={"help": "model preset (conf/model/<name>.yaml)"})
+    path: str | None = field(
+        default=None, metadata={"help": "hub id or local directory of a causal LM; null = build the tiny model"}
+    )
+    max_model_len: int = field(default=512, metadata={"ge": 16, "help": "prompt + response tokens (vLLM cache)"})
+    # The tiny model (used when path is null): tiny-learnability.md's measured recipe.
+    vocab_size: int = field(default=1000, metadata={"ge": 64, "help": "BPE vocabulary to train"})
+    hidden_size: int = field(default=256, metadata={"ge": 8})
+    num_layers: int = field(default=4, metadata={"ge": 1})
+    num_heads: int = field(default=4, metadata={"ge": 1})
+    num_kv_heads: int = field(default=2, metadata={"ge": 1})
+    head_dim: int = field(default=64, metadata={"ge": 4})
+    intermediate_size: int = field(default=512, metadata={"ge": 8})
+    sft_steps: int = field(default=300, metadata={"ge": 0, "help": "supervised warm start steps"})
+    sft_lr: float = field(default=1e-3, metadata={"gt": 0})
+    sft_batch: int = field(default=64, metadata={"ge": 1})
+    corpus_size: int = field(default=60000, metadata={"ge": 100, "help": "tokenizer training lines"})
+    init_seed: int = field(default=0, metadata={"ge": 0, "help": "seed of the tiny model's build (not the run's)"})
+    cache_dir: str | None = field(default=None, metadata={"help": "where built models are cached; null = default"})
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    name: Literal["fp32", "bf16", "fp8_rollout", "fp8_e2e"] = field(
+        default="fp32", metadata={"help": "rollout copy and training precision (DESIGN.md precision table)"}
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: Literal["vllm", "hf"] = field(default="vllm", metadata={"help": "who samples: vLLM or HF generate"})
+    sync: Literal["rollout", "step"] = field(
+        default="rollout", metadata={"help": "push trainer weights after every rollout or every optimizer step"}
+    )
+    temperature: float = field(default=1.0, metadata={"gt": 0, "help": "sampling temperature (papers: 1.0)"})
+    max_topk: int = field(
+        default=20, metadata={"ge": 1, "help": "most top-K log-probs the engine can return per token"}
+    )
+    kv_cache_gb: float = field(default=1.0, metadata={"gt": 0, "help": "vLLM CPU KV cache"})
+    enforce_eager: bool = field(default=True, metadata={"help": "vLLM without torch.compile (faster start on CPU)"})
+    gpu_memory_utilization: float = field(default=0.4, metadata={"gt": 0, "le": 1, "help": "vLLM on GPU"})
+    tensor_parallel_size: int = field(default=1, metadata={"ge": 1})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: Literal["arith", "dapo_math", "math_lvl3to5"] = field(default="arith", metadata={"help": "training set"})
+    path: str | None = field(
+        default=None, metadata={"help": "dapo_math/math_lvl3to5: local .jsonl/.parquet file or hub dataset name"}
+    )
+    split: str = field(default="train", metadata={"help": "hub dataset split (ignored for local files)"})
+    levels: tuple[int, ...] = field(
+        default=(3, 4, 5), metadata={"help": "math_lvl3to5: MATH difficulty levels kept (1-5)"}
+    )
+    dapo_instruction: Literal["strip", "keep"] = field(
+        default="strip",
+        metadata={
+            "help": "dapo_math: drop DAPO's own 'Answer:' instruction from each problem (the template asks for "
+            "\\boxed{}), or keep it, as verl's DAPO recipe does (then set reward.fallback_pattern)"
+        },
+    )
+    template: Literal["chat", "plain", "qwen_math"] = field(default="chat", metadata={"help": "prompt template"})
+    kinds: tuple[str, ...] = field(
+        default=("add", "mul", "add_mul"), metadata={"help": "arith problem kinds (equal shares)"}
+    )
+    add_max: int = field(default=99, metadata={"ge": 10, "help": "arith: largest 2-digit addend"})
+    mul_max: int = field(default=99, metadata={"ge": 2, "help": "arith: largest factor (products <= 999)"})
+    n_eval: int = field(default=600, metadata={"ge": 3, "help": "arith: held-out problems (balanced by kind)"})
+    seed: int = field(default=0, metadata={"help": "arith: problem split seed"})
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    name: Literal["arith", "aime24", "aime25", "aime24_25"] = field(default="arith")
+    path: str | tuple[str, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "AIME: local .jsonl/.parquet file or hub dataset name (id/problem/answer); aime24_25: a list "
+            "of two, 2024 first ([a,b], or the quoted string 'a,b'); arith: null (data's held-out arith split)"
+        },
+    )
+    split: str = field(default="train", metadata={"help": "hub dataset split (ignored for local files)"})
+    max_problems: int | None = field(default=None, metadata={"ge": 1, "help": "evaluate on the first N problems"})
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    name: Literal["wandb", "none"] = field(default="wandb")
+    project: str = field(default="trust-region-harness")
+    entity: str | None = field(default=None)
+    mode: Literal["offline", "online", "disabled"] | None = field(
+        default=None, metadata={"help": "null = $WANDB_MODE, else offline"}
+    )
+    init_timeout_s: float = field(default=20.0, metadata={"gt": 0, "help": "give up on W&B after this long"})
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_steps: int = field(default=500, metadata={"ge": 0, "help": "RL steps (one rollout each)"})
+    prompts_per_step: int = field(default=32, metadata={"ge": 1})
+    group_size: int = field(default=8, metadata={"ge": 2, "help": "samples per prompt (the advantage's group)"})
+    max_new_tokens: int = field(default=24, metadata={"ge": 1, "help": "response length limit"})
+    minibatches: int = field(
+        default=4,
+        metadata={"ge": 1, "help": "optimizer steps per rollout (the off-policy steps)"},
+    )
+    lr: float = field(default=1e-4, metadata={"gt": 0})
+    beta1: float = field(default=0.9, metadata={"ge": 0, "lt": 1})
+    beta2: float = field(default=0.99, metadata={"ge": 0, "lt": 1})
+    weight_decay: float = field(default=0.0, metadata={"ge": 0})
+    grad_clip: float = field(default=1.0, metadata={"gt": 0})
+    advantage: Literal["drgrpo", "grpo", "rloo"] = field(default="drgrpo", metadata={"help": "advantage estimator"})
+    horizon: int | None = field(
+        default=None, metadata={"ge": 1, "help": "H of seq-mean-token-sum-norm; null = max_new_tokens"}
+    )
+    eval_every: int = field(default=100, metadata={"ge": 1, "help": "evaluate every N steps (and at 0 and the end)"})
+    checkpoint_every: int = field(default=100, metadata={"ge": 1})
+    resume: bool = field(default=False, metadata={"help": "continue from the run directory's last checkpoint"})
+    threads: int | None = field(default=None, metadata={"ge": 1, "help": "torch threads; null = all cores"})
+    samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    n: int = field(default=1, metadata={"ge": 1, "help": "samples per problem (avg@n, pass@n, maj@n)"})
+    temperature: float = field(default=1.0, metadata={"gt": 0})
+    max_new_tokens: int | None = field(default=None, metadata={"ge": 1, "help": "null = trainer.max_new_tokens"})
+    truncate_prompts: bool | None = field(
+        default=None,
+        metadata={
+            "help": "cut prompts longer than model.max_model_len - max_new_tokens from the left (else an error); "
+            "null = only for the tiny model, whose 512-token context cannot hold AIME problems"
+        },
+    )
+
+    def cut_prompts(self, tiny_model: bool) -> bool:
+        """Whether evaluation left-truncates over-long prompts (`truncate_prompts`, null = tiny model only)."""
+        return tiny_model if self.truncate_prompts is None else self.truncate_prompts
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    scheme: Literal["binary", "signed"] = field(
+        default="binary", metadata={"help": "binary: 1 correct / 0 otherwise; signed: +1 / -1"}
+    )
+    fallback_pattern: str | None = field(
+        default=None,
+        metadata={
+            "help": "regex graded when a completion has no \\boxed{} (group 1, else the match), e.g. "
+            "'Answer:\\s*(.+)'; null = boxed answers only"
+        },
+    )
+    timeout_s: float = field(default=5.0, metadata={"gt": 0, "help": "hard limit on grading one completion"})
+    workers: int = field(default=1, metadata={"ge": 1, "help": "grading processes; 1 = in-process"})
+
+    def grade_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `harness.rewards.grade` for this config."""
+        return {
+            "correct": 1.0,
+            "wrong": -1.0 if self.scheme == "signed" else 0.0,
+            "fallback_pattern": self.fallback_pattern,
+            "timeout_s": self.timeout_s,
+            "workers": self.workers,
+        }
+
+
+@dataclass(frozen=True)
+class _TopLevel:
+    seed: int = field(default=0, metadata={"ge": 0})
+    name: str = field(default="default", metadata={"help": "experiment name: outputs/<name>/..., W&B group"})
+    mode: Literal["train", "eval"] = "train"
+    device: Literal["cpu", "cuda"] = "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(_TopLevel):
+    """The whole composed config, validated; `objective` is the objective family's own schema."""
+
+    model: ModelConfig
+    precision: PrecisionConfig
+    objective: ObjectiveConfig
+    rollout: RolloutConfig
+    data: DataConfig
+    benchmark: BenchmarkConfig
+    logger: LoggerConfig
+    trainer: TrainerConfig
+    eval: EvalConfig
+    reward: RewardConfig
+
+
+GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "precision": PrecisionConfig,
+    "rollout": RolloutConfig,
+    "data": DataConfig,
+    "benchmark": BenchmarkConfig,
+    "logger": LoggerConfig,
+    "trainer": TrainerConfig,
+    "eval": EvalConfig,
+    "reward": RewardConfig,
+}
+TOP_LEVEL = {f.name for f in dataclasses.fields(_TopLevel)}
+
+
+def validate(cfg: dict[str, Any]) -> RunConfig:
+    """A composed config (plain dict) -> RunConfig, or a ValueError naming the first bad key."""
+    unknown = sorted(set(cfg) - set(GROUPS) - TOP_LEVEL - {"objective", "hydra", "experiment"})
+    if unknown:
+        raise ValueError(f"unknown top-level key '{unknown[0]}'; allowed: {', '.join(sorted([*GROUPS, *TOP_LEVEL]))}")
+    groups = {g: build(schema, cfg.get(g) or {}, where=g) for g, schema in GROUPS.items()}
+    obj = dict(cfg.get("objective") or {})
+    name = obj.pop("name", None)
+    if name is None:
+        raise ValueError("objective: missing 'name'; choose one with objective=<name>")
+    objective = objective_config(name, obj)
+    top = {k: cfg[k] for k in TOP_LEVEL if k in cfg}
+    run = RunConfig(**groups, objective=objective, **dataclasses.asdict(build(_TopLevel, top, where="config")))
+    _check_combinations(run)
+    return run
+
+
+def _check_combinations(run: RunConfig) -> None:
+    t = run.trainer
+    batch = t.prompts_per_step * t.group_size
+    if batch % t.minibatches:
+        raise ValueError(
+            f"trainer.minibatches: {t.minibatches} does not divide the batch of prompts_per_step * group_size = {batch}"
+        )
+    if run.objective.topk > run.rollout.max_topk:
+        raise ValueError(
+            f"rollout.max_topk: {run.rollout.max_topk} is smaller than objective.topk = {run.objective.topk} "
+            f"({run.objective.name} needs K = {run.objective.topk} log-probs per token)"
+        )
+    if run.model.path is None and run.model.name != "tiny":
+        raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
+    if run.data.name != "arith" and run.data.path is None:
+        raise ValueError(f"data.path: data={run.data.name} needs a local file or hub name")
+    _check_data(run)
+
+
+def _check_data(run: RunConfig) -> None:
+    from harness.tasks import benchmark_sources
+
+    b = run.benchmark
+    if b.name == "arith" and b.path is not None:
+        raise ValueError(f"benchmark.path: benchmark=arith is generated from data's arith config; got {b.path!r}")
+    benchmark_sources(b)  # the right number of sources for the benchmark
+    if not run.data.levels or any(not 1 <= level <= 5 for level in run.data.levels):
+        raise ValueError(f"data.levels: MATH levels are 1..5, got {list(run.data.levels)}")
+    if run.reward.fallback_pattern is not None:
+        try:
+            re.compile(run.reward.fallback_pattern)
+        except re.error as e:
+            raise ValueError(
+                f"reward.fallback_pattern: {run.reward.fallback_pattern!r} is not a valid regex: {e}"
+            ) from None
+
+
+DIRNAME_FIRST = ("objective", "precision", "seed", "model", "rollout", "data", "benchmark")
+
+
+def safe_dirname(overrides: str, job_num: int | str = 0, limit: int = 120) -> str:
+    """A sweep job's folder name from its overrides: the axes a researcher sweeps first, no path separators,
+    and short enough for any filesystem (a long list keeps its head plus a hash of the whole)."""
+
+    def rank(item: str) -> int:
+        head = item.split("=", 1)[0].split(".", 1)[0]
+        return DIRNAME_FIRST.index(head) if head in DIRNAME_FIRST else len(DIRNAME_FIRST)
+
+    items = sorted(filter(None, overrides.split(",")), key=rank)  # stable: Hydra's order within a rank
+    name = ",".join(items).replace("/", "_").replace("\\", "_") or f"job{job_num}"
+    if len(name) > limit:
+        name = f"{name[: limit - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
+
+
+def register_schemas() -> None:
+    """Put each schema's defaults into Hydra's ConfigStore so YAML options can extend them."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("safe_dirname"):
+        OmegaConf.register_new_resolver("safe_dirname", safe_dirname)
+
+    cs = ConfigStore.instance()
+    for group, schema in GROUPS.items():
+        cs.store(group=f"{group}_schema", name=group, node=_defaults(schema))
+    for family, (_, schema) in FAMILIES.items():
+        cs.store(group="objective_schema", name=family, node=_defaults(schema))
+
+
+def _defaults(schema: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(schema):
+        value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out

@@ -1,0 +1,209 @@
+"""Eval-only runs: `python run.py mode=eval model.path=<...> benchmark=aime24 eval.n=32`.
+
+`model.path` may be:
+- null: the tiny model built from the model config (what `model=tiny` trains);
+- a run directory (it holds `.hydra/config.yaml` and `checkpoints/`): the model that run trained, i.e. the base
+  model of its config with the weights of its latest checkpoint; or a `checkpoints/step_<k>` folder of a run,
+  for that step. The run's own `model.max_model_len` and `data.template` apply: the prompt format is part of
+  the trained policy;
+- any Hugging Face checkpoint folder or hub id.
+
+The run directory written has the training run's files: eval.jsonl (one record, at `step` = the checkpoint's
+training step, 0 for a base model), samples.jsonl and summary.json. The sampling seed is `seed * 1_000_003 +
+step`, as in training, so evaluating checkpoint k with the training run's seed and eval settings reproduces
+that run's evaluation at step k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from safetensors import safe_open
+
+from harness.config import ModelConfig, RunConfig, validate
+from harness.evaluate import evaluate
+from harness.rollout import make_engine
+from harness.rollout.base import load_tokenizer
+from harness.runlog import RunLog
+from harness.tasks import load_benchmark, render_prompts
+from harness.train import model_dir, wandb_settings
+
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What an eval-only run evaluates."""
+
+    base: str
+    """Model folder or hub id the engine and tokenizer load."""
+    weights: Path | None
+    """A checkpoint's model.safetensors to load on top of `base`, or None."""
+    step: int
+    """Training step of the weights (0 for a base model)."""
+    model: ModelConfig
+    """The model config that applies (the training run's, for a run directory)."""
+    template: str
+    tiny: bool
+    """The tiny local model (its short context is why eval.truncate_prompts defaults on for it)."""
+
+
+def resolve_model(cfg: RunConfig) -> ModelSource:
+    """Where the weights come from, for `cfg.model.path` (module docstring)."""
+    source = cfg.model.path
+    if source is None:
+        return ModelSource(str(model_dir(cfg)), None, 0, cfg.model, cfg.data.template, tiny=True)
+    path = Path(source).expanduser()
+    ckpt = None
+    if _STEP_DIR.fullmatch(path.name) and path.parent.name == "checkpoints" and path.is_dir():
+        ckpt, path = path, path.parent.parent
+    if (path / ".hydra" / "config.yaml").is_file():
+        return _from_run(path, ckpt)
+    if not path.exists() and source.startswith(("/", ".", "~")):
+        raise FileNotFoundError(
+            f"model.path: {source!r} does not exist (expected a run directory, a model folder or a hub id)"
+        )
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ValueError(
+            f"model.path: {source!r} is neither a run directory (no .hydra/config.yaml) nor a model folder "
+            "(no config.json)"
+        )
+    return ModelSource(str(path) if path.exists() else source, None, 0, cfg.model, cfg.data.template, tiny=False)
+
+
+def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
+    raw = OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "config.yaml"), resolve=True)
+    try:
+        trained = validate(raw)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ValueError(f"model.path: the config of run {run} does not validate: {e}") from None
+    if ckpt is None:
+        ckpt = _latest_checkpoint(run)
+    weights = ckpt / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"model.path: checkpoint {ckpt} has no model.safetensors")
+    step = int(_STEP_DIR.fullmatch(ckpt.name).group(1))  # type: ignore[union-attr]
+    return ModelSource(
+        str(model_dir(trained)),
+        weights,
+        step,
+        trained.model,
+        trained.data.template,
+        tiny=trained.model.path is None,
+    )
+
+
+def _latest_checkpoint(run: Path) -> Path:
+    """checkpoints/<name in `latest`>, else the highest step_<k> (harness.checkpoint's layout)."""
+    root = run / "checkpoints"
+    pointer = root / "latest"
+    if pointer.is_file() and (root / pointer.read_text().strip()).is_dir():
+        return root / pointer.read_text().strip()
+    steps = sorted(
+        (int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else []) if (m := _STEP_DIR.fullmatch(p.name))
+    )
+    if not steps:
+        raise FileNotFoundError(f"model.path: run directory {run} has no checkpoint under checkpoints/")
+    return steps[-1][1]
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's model.safetensors as a full state dict: `save_checkpoint` stores tied tensors once and
+    lists the dropped names in the file's metadata (dropped name -> kept name)."""
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        aliases = dict(f.metadata() or {})
+    for alias, kept in aliases.items():
+        if kept in tensors:
+            tensors.setdefault(alias, tensors[kept])
+    return tensors
+
+
+def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate the model `cfg.model.path` names on `cfg.benchmark`, writing eval.jsonl, samples.jsonl and
+    summary.json into `run_dir`. Returns the summary."""
+    t_start = time.time()
+    torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+    settings = wandb_settings(cfg)
+    if settings is not None:
+        settings = dataclasses.replace(settings, name=f"eval-{cfg.benchmark.name}", job_type="eval")
+    log = RunLog(run_dir, settings, config=raw_config, resume=False)
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": "eval", "benchmark": cfg.benchmark.name}
+    engine = None
+    try:
+        # --- model: base weights for the engine, then the checkpoint's on top ---
+        src = resolve_model(cfg)
+        summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
+        problems = load_benchmark(cfg.benchmark, cfg.data)
+        tokenizer = load_tokenizer(src.base)[0]
+        prompts = render_prompts(tokenizer, problems, src.template)
+        engine = make_engine(
+            cfg.rollout.engine,
+            src.base,
+            cfg.precision.name,
+            seed=cfg.seed,
+            max_model_len=src.model.max_model_len,
+            max_topk=cfg.rollout.max_topk,
+            device=cfg.device,
+            kv_cache_gb=cfg.rollout.kv_cache_gb,
+            enforce_eager=cfg.rollout.enforce_eager,
+        )
+        if src.weights is not None:
+            engine.sync_weights(read_weights(src.weights))
+
+        # --- evaluate and log ---
+        record, samples = evaluate(
+            engine,
+            prompts,
+            problems,
+            n=cfg.eval.n,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            seed=cfg.seed * 1_000_003 + src.step,
+            samples_to_keep=cfg.trainer.samples_per_eval,
+            grading=cfg.reward.grade_kwargs(),
+            truncate_prompts=cfg.eval.cut_prompts(tiny_model=src.tiny),
+        )
+        log.log_eval(src.step, {"benchmark": cfg.benchmark.name, "template": src.template, **record})
+        log.log_samples(src.step, samples)
+        score_key = f"avg@{cfg.eval.n}"
+        summary.update(
+            status="completed",
+            score_key=score_key,
+            final_score=record[score_key],
+            scores={k: v for k, v in record.items() if isinstance(v, float) and "@" in k},
+            template=src.template,
+            n_problems=len(problems),
+        )
+    except BaseException as exc:  # the run directory must say it did not finish
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        log.finish("failed", summary, error=traceback.format_exc())
+        raise
+    finally:
+        if engine is not None:
+            engine.close()
+    summary["wall_time_s"] = time.time() - t_start
+    log.finish("completed", summary)
+    return summary
+
+
+def print_eval_summary(s: dict[str, Any]) -> None:
+    scores = "  ".join(f"{k} {100 * v:.1f}%" for k, v in s.get("scores", {}).items())
+    lines = [
+        "",
+        f"evaluation finished: {s.get('status')}  ({s.get('wall_time_s', 0):.0f} s)",
+        f"  model          {s.get('model')}" + (f"  + {s['checkpoint']}" if s.get("checkpoint") else ""),
+        f"  {s.get('benchmark')} ({s.get('n_problems')} problems)   {scores}",
+        f"  run directory  {s.get('run_dir')}",
+        "",
+    ]
+    print("\n".join(lines))

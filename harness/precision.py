@@ -1,0 +1,160 @@
+"""Precision policies (DESIGN.md precision table): what the rollout copy and the trainer compute in.
+
+| name        | rollout copy                         | trainer                                   |
+|-------------|--------------------------------------|-------------------------------------------|
+| fp32        | fp32                                 | fp32                                      |
+| bf16        | bf16 weights                         | bf16 autocast, fp32 master weights        |
+| fp8_rollout | bf16 + e4m3 weights (fake-quant)     | bf16 autocast                             |
+| fp8_e2e     | as fp8_rollout                       | bf16 autocast + fp8 linears (fake-quant)  |
+
+On CPU fp8 is simulated: quantize to float8_e4m3fn with amax scaling, then dequantize. The rounding error is
+the one a real fp8 kernel sees; the speed is not. On a GPU, vLLM's own `quantization="fp8"` replaces the
+fake-quant of the rollout copy (`vllm_kwargs`); training would use torchao float8 (not wired here).
+
+What gets quantized: every 2-D Linear weight (attention and MLP projections). Embeddings, norms and the output
+head stay in the copy's dtype, tied or not; that is also what vLLM's fp8 method does (the LM head and the
+embedding are not quantized), so the CPU simulation and the GPU path quantize the same tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16", "fp8_rollout", "fp8_e2e")
+E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One row of the precision table."""
+
+    name: str
+    rollout_dtype: torch.dtype
+    """dtype of the rollout engine's weight copy"""
+    rollout_fp8: bool
+    """quantize the rollout copy's linear weights to e4m3"""
+    train_autocast: torch.dtype | None
+    """autocast dtype for the trainer's forward/backward; None = plain fp32"""
+    train_fp8: bool
+    """fp8 quantize-dequantize of linear weights and inputs in the trainer (`wrap_fp8_linears`)"""
+
+
+_TABLE = {
+    "fp32": Precision("fp32", torch.float32, rollout_fp8=False, train_autocast=None, train_fp8=False),
+    "bf16": Precision("bf16", torch.bfloat16, rollout_fp8=False, train_autocast=torch.bfloat16, train_fp8=False),
+    "fp8_rollout": Precision(
+        "fp8_rollout", torch.bfloat16, rollout_fp8=True, train_autocast=torch.bfloat16, train_fp8=False
+    ),
+    "fp8_e2e": Precision("fp8_e2e", torch.bfloat16, rollout_fp8=True, train_autocast=torch.bfloat16, train_fp8=True),
+}
+
+
+def get(name: str) -> Precision:
+    if name not in _TABLE:
+        raise ValueError(f"precision: unknown {name!r}; allowed: {', '.join(PRECISIONS)}")
+    return _TABLE[name]
+
+
+def fp8_quantize_dequantize(x: torch.Tensor, dim: int | None = -1) -> torch.Tensor:
+    """Round `x` to e4m3 with amax scaling and back, in `x`'s dtype.
+
+    dim=-1: one scale per row (per output channel of a [out, in] weight, per token of an activation);
+    dim=None: one scale for the whole tensor. The clamp matters: casting a value above 448 to
+    float8_e4m3fn gives NaN (the format has no inf), and x * 448 / amax can round just past 448.
+    """
+    xf = x.float()
+    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
+    scale = amax.clamp(min=1e-12) / E4M3_MAX
+    q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
+def _is_quantized_weight(name: str, tensor: torch.Tensor) -> bool:
+    # Linear weights are the 2-D ".weight" tensors; embeddings and the LM head are 2-D too but stay unquantized.
+    return (
+        tensor.ndim == 2
+        and tensor.is_floating_point()
+        and name.endswith(".weight")
+        and "embed" not in name
+        and "lm_head" not in name
+    )
+
+
+def fp8_fake_quant_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rollout copy's view of trainer weights under fp8: per-output-channel e4m3 round trip of linear weights.
+
+    Returns a new dict; other tensors are passed through (not copied).
+    """
+    with torch.no_grad():
+        return {
+            name: fp8_quantize_dequantize(t.detach(), dim=-1) if _is_quantized_weight(name, t) else t
+            for name, t in state_dict.items()
+        }
+
+
+def rollout_weight_transform(precision: str) -> StateDictTransform | None:
+    """What `sync_weights` applies to trainer weights before copying them into a CPU rollout engine."""
+    return fp8_fake_quant_state_dict if get(precision).rollout_fp8 else None
+
+
+def vllm_kwargs(precision: str, device: str) -> dict[str, str]:
+    """`vllm.LLM` keyword arguments for a precision: dtype, and vLLM's native fp8 on CUDA.
+
+    With `quantization` present the engine quantizes itself and must not also get the fake-quant transform.
+    """
+    spec = get(precision)
+    kw = {"dtype": "float32" if spec.rollout_dtype == torch.float32 else "bfloat16"}
+    if spec.rollout_fp8 and device.startswith("cuda"):
+        kw["quantization"] = "fp8"
+    return kw
+
+
+def autocast(precision: str, device_type: str = "cpu") -> contextlib.AbstractContextManager[None]:
+    """The trainer's autocast context for a precision (a no-op for fp32)."""
+    dtype = get(precision).train_autocast
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def _fake_quant_ste(x: torch.Tensor) -> torch.Tensor:
+    # Straight-through estimator: the forward sees the quantized value, the backward sees the identity.
+    return x + (fp8_quantize_dequantize(x.detach(), dim=-1) - x).detach()
+
+
+class Fp8Linear(nn.Linear):
+    """nn.Linear whose forward multiplies e4m3-rounded inputs (per token) by e4m3-rounded weights (per output
+    channel), with straight-through gradients: the rowwise fp8 recipe, simulated. Parameters and state_dict
+    names are those of the nn.Linear it replaces."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_fake_quant_ste(x), _fake_quant_ste(self.weight), self.bias)
+
+
+def _linears(model: nn.Module) -> Iterator[nn.Linear]:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for module in model.modules():
+        # The LM head stays in high precision, as in the rollout copy.
+        if isinstance(module, nn.Linear) and module is not head:
+            yield module
+
+
+def wrap_fp8_linears(model: nn.Module) -> int:
+    """Turn every nn.Linear except the output head into an Fp8Linear, in place; returns how many changed.
+
+    The module keeps its parameters (an optimizer built before or after sees the same tensors); only the class,
+    hence the forward, changes. Calling it twice is harmless.
+    """
+    changed = 0
+    for module in _linears(model):
+        if type(module) is nn.Linear:
+            module.__class__ = Fp8Linear
+            changed += 1
+    return changed

@@ -1,0 +1,47 @@
+"""Rollout engines: one protocol (`RolloutEngine`), two implementations (HF generate, vLLM), one factory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness import precision as precisions
+from harness.rollout.base import Rollout, RolloutEngine, ScoringEngine
+from harness.rollout.hf import HFEngine
+
+ENGINES = ("hf", "vllm")
+# Settings only vLLM has; the HF engine ignores them so one call site serves both engines.
+_VLLM_ONLY = ("kv_cache_gb", "enforce_eager", "gpu_memory_utilization")
+
+__all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "ScoringEngine", "make_engine"]
+
+
+def make_engine(
+    kind: str, model_path: str, precision: str, seed: int, max_model_len: int, **kw: Any
+) -> RolloutEngine:
+    """Build a rollout engine whose weight copy follows `precision` (see harness/precision.py).
+
+    kw go to the engine: max_topk, device ("cpu" or "cuda"; default: cuda if available), and for vLLM
+    kv_cache_gb, enforce_eager, gpu_memory_utilization.
+    """
+    if kind not in ENGINES:
+        raise ValueError(f"rollout engine: unknown {kind!r}; allowed: {', '.join(ENGINES)}")
+    spec = precisions.get(precision)
+    device = kw.pop("device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "hf":
+        for key in _VLLM_ONLY:
+            kw.pop(key, None)
+        return HFEngine(
+            model_path, spec.rollout_dtype, precisions.rollout_weight_transform(precision), seed,
+            max_model_len=max_model_len, device=device, **kw,
+        )
+    from harness.rollout.vllm import VLLMEngine
+
+    vllm_kw = precisions.vllm_kwargs(precision, device)
+    # vLLM's own fp8 (GPU) quantizes the copy itself; fake-quant on top would round twice.
+    transform = None if "quantization" in vllm_kw else precisions.rollout_weight_transform(precision)
+    return VLLMEngine(
+        model_path, vllm_kw["dtype"], transform, seed, max_model_len=max_model_len,
+        quantization=vllm_kw.get("quantization"), device=device, **kw,
+    )

@@ -1,0 +1,197 @@
+"""The batch every rollout engine returns, the engine protocol, and the tensor assembly both engines share.
+
+Log-prob convention (objectives.md P5): `behavior_logp` and `topk_logp` are log_softmax(logits / temperature)
+of the engine's own forward, with no top-k/top-p truncation (the engines sample with top_k off, top_p 1).
+Top-K convention (objectives.md section 3, SRL): the K highest-probability tokens of mu, sorted; if the sampled
+token is not among them it overwrites the K-th entry, so the set always has exactly K entries and stays sorted
+(a token outside the top-K is never more probable than the K-th).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+
+@dataclass
+class Rollout:
+    """B = len(prompts) * n sequences; a prompt's n samples are contiguous. T = longest response."""
+
+    prompt_ids: list[list[int]]
+    """[B] unpadded prompt token ids"""
+    response_ids: torch.Tensor
+    """[B, T] int64, right-padded with the pad token id"""
+    mask: torch.Tensor
+    """[B, T] float32, 1.0 on generated tokens (the EOS token included when one was produced)"""
+    behavior_logp: torch.Tensor
+    """[B, T] float32, engine log-prob of each sampled token; 0 at padding"""
+    topk_ids: torch.Tensor
+    """[B, T, K] int64, the engine's top-K token ids, sampled token forced in (SRL); 0 at padding"""
+    topk_logp: torch.Tensor
+    """[B, T, K] float32, engine log-probs of topk_ids; 0 at padding"""
+    finished: torch.Tensor
+    """[B] bool, True if the response ended with an EOS token (not truncated)"""
+    group: torch.Tensor
+    """[B] int64, index of the prompt each sequence came from"""
+    texts: list[str]
+    """[B] decoded responses, special tokens skipped"""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_new_tokens: int,
+        topk: int = 1,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> Rollout: ...
+
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ScoringEngine(RolloutEngine, Protocol):
+    """Optional extension: teacher-forced log-probs of given responses under the engine's weights.
+
+    Check with `isinstance(engine, ScoringEngine)`; both built-in engines implement it.
+    """
+
+    def score(
+        self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[B, T] float32 log-prob of responses[b][t] given prompts[b] + responses[b][:t]; 0 past each response."""
+        ...
+
+
+def check_generate_args(
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    max_new_tokens: int,
+    topk: int,
+    temperature: float,
+    max_topk: int,
+    max_model_len: int | None,
+) -> None:
+    """The same bad-input errors from every engine (house rule: one-line ValueError naming the argument)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: prompts must be a non-empty list of non-empty token id lists")
+    if n < 1:
+        raise ValueError(f"generate: n must be >= 1, got {n}")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not 1 <= topk <= max_topk:
+        raise ValueError(f"generate: topk must be in [1, max_topk={max_topk}], got {topk}")
+    if not temperature > 0:
+        raise ValueError(f"generate: temperature must be > 0 (the engines always sample), got {temperature}")
+    longest = max(len(p) for p in prompts)
+    if max_model_len is not None and longest + max_new_tokens > max_model_len:
+        raise ValueError(
+            f"generate: longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"max_model_len={max_model_len}"
+        )
+
+
+def call_seed(engine_seed: int, call_index: int) -> int:
+    """Seed for the call_index-th generate of an engine when the caller gives none: a run stays reproducible."""
+    return int(np.random.SeedSequence([engine_seed, call_index]).generate_state(1)[0] >> 1)
+
+
+def pad_ragged(rows: Sequence[np.ndarray], pad_value: float, dtype: torch.dtype) -> torch.Tensor:
+    """Stack arrays of shape [L_i, *rest] into [B, max L_i, *rest], right-padded, in one scatter."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    rest = rows[0].shape[1:]
+    out = np.full((len(rows), int(lengths.max(initial=0)), *rest), pad_value, dtype=rows[0].dtype)
+    valid = np.arange(out.shape[1])[None, :] < lengths[:, None]
+    out[valid] = np.concatenate(rows, axis=0)
+    return torch.from_numpy(out).to(dtype)
+
+
+def mask_through_first_eos(response_ids: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] float mask: 1 up to and including the first EOS of each row, 0 after it."""
+    is_eos = torch.isin(response_ids, eos_ids).long()
+    eos_before = is_eos.cumsum(dim=1) - is_eos
+    return (eos_before == 0).float()
+
+
+def force_sampled_into_topk(
+    topk_ids: torch.Tensor, topk_logp: torch.Tensor, sampled_ids: torch.Tensor, sampled_logp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SRL convention: where the sampled token is not among the top-K ids, it replaces the K-th entry."""
+    absent = ~(topk_ids == sampled_ids.unsqueeze(-1)).any(dim=-1)
+    topk_ids, topk_logp = topk_ids.clone(), topk_logp.clone()
+    topk_ids[..., -1] = torch.where(absent, sampled_ids, topk_ids[..., -1])
+    topk_logp[..., -1] = torch.where(absent, sampled_logp, topk_logp[..., -1])
+    return topk_ids, topk_logp
+
+
+def assemble_rollout(
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    response_ids: torch.Tensor,
+    mask: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logp: torch.Tensor,
+    eos_ids: torch.Tensor,
+    pad_id: int,
+    decode: Callable[[list[list[int]]], list[str]],
+) -> Rollout:
+    """Turn an engine's padded [B, T(, K)] tensors into a Rollout: force the sampled token into the top-K,
+    zero every padding position, cut T to the longest response, derive `finished`, `group` and `texts`."""
+    lengths = mask.sum(dim=1).long()
+    t_max = int(lengths.max())
+    mask = mask[:, :t_max].float()
+    keep = mask.bool()
+    response_ids = response_ids[:, :t_max].long()
+    topk_ids, topk_logp = force_sampled_into_topk(
+        topk_ids[:, :t_max].long(), topk_logp[:, :t_max].float(), response_ids, behavior_logp[:, :t_max].float()
+    )
+    response_ids = response_ids.masked_fill(~keep, pad_id)
+    last = response_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    rows = [r[:length] for r, length in zip(response_ids.tolist(), lengths.tolist(), strict=True)]
+    return Rollout(
+        prompt_ids=[list(p) for p in prompts for _ in range(n)],
+        response_ids=response_ids,
+        mask=mask,
+        behavior_logp=behavior_logp[:, :t_max].float().masked_fill(~keep, 0.0),
+        topk_ids=topk_ids.masked_fill(~keep.unsqueeze(-1), 0),
+        topk_logp=topk_logp.masked_fill(~keep.unsqueeze(-1), 0.0),
+        finished=torch.isin(last, eos_ids) & (lengths > 0),
+        group=torch.arange(len(prompts)).repeat_interleave(n),
+        texts=decode(rows),
+    )
+
+
+def load_tokenizer(model_path: str) -> tuple[PreTrainedTokenizerBase, list[int], int]:
+    """The model's tokenizer, the EOS ids both engines stop on, and the pad id responses are padded with.
+
+    EOS ids = the tokenizer's plus those in the model's generation_config.json (instruct models list <|im_end|>
+    there); vLLM stops on the same union. Pad = the tokenizer's pad token, else the first EOS id.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        gen_eos = None
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(i) for i in gen_eos)
+    if not ids:
+        raise ValueError(f"{model_path}: no eos_token_id in the tokenizer or generation_config; engines need one")
+    eos = sorted(ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    return tokenizer, eos, int(pad)

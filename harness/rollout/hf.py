@@ -1,0 +1,171 @@
+"""Rollouts with transformers `generate`: the engine for machines without vLLM, and a second kernel stack.
+
+The engine loads its own copy of the model in its own dtype, so its log-probs differ from the trainer's the way a
+real inference engine's do. Log-probs come from the raw logits `generate` returns (`output_logits`, before any
+logits processor), divided by the temperature, then log_softmax: exactly the distribution sampled from, since
+top-k/top-p are off. Memory: `output_logits` keeps T x B x V fp32 logits, fine at tiny-model scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from harness.precision import StateDictTransform
+from harness.rollout.base import (
+    Rollout,
+    assemble_rollout,
+    call_seed,
+    check_generate_args,
+    load_tokenizer,
+    mask_through_first_eos,
+)
+
+
+class HFEngine:
+    """RolloutEngine (and ScoringEngine) on transformers `generate`."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: torch.dtype,
+        weight_transform: StateDictTransform | None = None,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        max_topk: int = 20,
+        device: str = "cpu",
+    ) -> None:
+        self.tokenizer, eos, self.pad_id = load_tokenizer(model_path)
+        self.eos_ids = torch.tensor(eos, device=device)
+        # With a transform, load fp32 and transform before the cast, exactly as a sync of fp32 trainer weights
+        # would: the engine starts from the copy it would get from the trainer.
+        load_dtype = torch.float32 if weight_transform is not None else dtype
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype).to(device).eval()
+        self.model.requires_grad_(False)
+        # A clean generation config: a checkpoint's own (top_k=20, repetition_penalty, ...) must not leak into
+        # sampling, or the returned log-probs would no longer be those of the sampling distribution.
+        self.model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=self.pad_id)
+        self.weight_transform = weight_transform
+        self.seed = seed
+        self.max_model_len = max_model_len
+        self.max_topk = max_topk
+        self.device = torch.device(device)
+        self._calls = 0
+        if weight_transform is not None:
+            self.sync_weights(self.model.state_dict())
+            self.model.to(dtype)
+
+    # --- weights ---
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy trainer weights into this engine's copy (through the precision's transform, e.g. fp8 fake-quant)."""
+        weights = self.weight_transform(state_dict) if self.weight_transform is not None else state_dict
+        seen: set[int] = set()
+        with torch.no_grad():
+            for name, own in self.model.state_dict().items():
+                if own.data_ptr() in seen:  # the second name of a tied tensor (lm_head.weight)
+                    continue
+                seen.add(own.data_ptr())
+                if name not in weights:
+                    raise ValueError(f"sync_weights: state_dict has no {name!r} (engine loaded from another model?)")
+                own.copy_(weights[name])
+
+    # --- sampling ---
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_new_tokens: int,
+        topk: int = 1,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> Rollout:
+        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len)
+        if seed is None:
+            seed = call_seed(self.seed, self._calls)
+        self._calls += 1
+        input_ids, attention_mask = self._left_pad([p for p in prompts for _ in range(n)])
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.eos_ids.tolist(),
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        # A private RNG stream: sampling neither depends on nor advances the trainer's global RNG.
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        response_ids = out.sequences[:, input_ids.shape[1] :]
+        logp, topk_ids, topk_logp = _logp_and_topk(out.logits, response_ids, topk, temperature)
+        return assemble_rollout(
+            prompts, n, response_ids.cpu(), mask_through_first_eos(response_ids, self.eos_ids).cpu(),
+            logp.cpu(), topk_ids.cpu(), topk_logp.cpu(), self.eos_ids.cpu(), self.pad_id, self._decode,
+        )
+
+    # --- teacher forcing ---
+    def score(
+        self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[B, T] float32 log-probs of each response token under this engine's weights; 0 past each response."""
+        if len(prompts) != len(responses) or any(len(r) == 0 for r in responses):
+            raise ValueError("score: need one non-empty response per prompt")
+        if not temperature > 0:
+            raise ValueError(f"score: temperature must be > 0, got {temperature}")
+        seqs = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+        width = max(map(len, seqs))
+        # Right padding: real tokens keep positions 0..L-1 without position_ids bookkeeping.
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            attn[i, : len(s)] = 1
+        t_max = max(map(len, responses))
+        p_len = torch.tensor([len(p) for p in prompts])
+        r_len = torch.tensor([len(r) for r in responses])
+        # The logit at position p-1+t predicts response token t.
+        pos = (p_len[:, None] - 1 + torch.arange(t_max)[None, :]).clamp(max=width - 1)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits
+        logits = logits.gather(1, pos.to(self.device)[..., None].expand(-1, -1, logits.shape[-1]))
+        targets = ids.gather(1, (pos + 1).clamp(max=width - 1)).to(self.device)
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, targets[..., None])[..., 0]
+        valid = torch.arange(t_max)[None, :] < r_len[:, None]
+        return logp.cpu().masked_fill(~valid, 0.0)
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+    # --- helpers ---
+    def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = torch.tensor([len(s) for s in seqs])
+        width = int(lengths.max())
+        keep = torch.arange(width)[None, :] >= (width - lengths)[:, None]
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        ids[keep] = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+        return ids.to(self.device), keep.long().to(self.device)
+
+    def _decode(self, rows: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+def _logp_and_topk(
+    logits: tuple[torch.Tensor, ...], response_ids: torch.Tensor, k: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per step (so only one [B, V] log-softmax is alive at a time): sampled-token log-prob and sorted top-K."""
+    b, t = response_ids.shape
+    logp = torch.empty(b, t)
+    topk_ids = torch.empty(b, t, k, dtype=torch.long)
+    topk_logp = torch.empty(b, t, k)
+    for step, step_logits in enumerate(logits):
+        lp = torch.log_softmax(step_logits.float() / temperature, dim=-1)
+        logp[:, step] = lp.gather(1, response_ids[:, step : step + 1]).squeeze(1).cpu()
+        values, ids = lp.topk(k, dim=-1)  # sorted, largest first
+        topk_ids[:, step], topk_logp[:, step] = ids.cpu(), values.cpu()
+    return logp, topk_ids, topk_logp

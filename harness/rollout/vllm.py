@@ -1,0 +1,235 @@
+"""Rollouts with vLLM, in-process, holding its own weight copy (stack.md section 5).
+
+vLLM is imported only when an engine is built, so `import harness` works without the `vllm` extra.
+
+Choices and the vLLM 0.32 facts behind them:
+- In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the only weight-sync path that works on CPU is a
+  direct call to the worker's `reload_weights(weights_iterator=...)`; `load_weights` fails (CPU replaces the
+  Parameters) and the multiprocess RPC cannot pickle tensors. Tied models need `lm_head.weight` in the iterator.
+- `logprobs_mode="processed_logprobs"`: log_softmax of the logits after temperature, top-k/top-p and min-p. With
+  top_k=0 (0 = off in 0.32; -1 is accepted too), top_p=1 and min_p=0 that is log_softmax(raw logits / T), the
+  distribution sampled from, as the Rollout contract asks. The default `raw_logprobs` ignores the temperature;
+  at T=1 the two are identical. Truncated sampling would make processed log-probs renormalised (P5); this engine
+  never truncates.
+- `flat_logprobs=True`: each position holds exactly K+1 entries, [sampled, rank 1..K], duplicates kept, so a
+  response's log-probs reshape to [L, K+1] without building a dict per token.
+- `detokenize=False`: no per-token text work in vLLM (it would also decode every top-K candidate); responses are
+  decoded once with the HF tokenizer, as in the HF engine.
+- One seed per prompt, hashed from the call's seed (vLLM gives child j of a request seed + j): requests sharing
+  a seed draw the same noise, so their samples would be correlated; and `seed + i * n` would make calls with
+  consecutive seeds (the trainer passes base + step) replay each other's samples shifted by one child.
+- An in-process CPU engine touches process state: it replaces `torch.set_num_threads` with a no-op, reseeds the
+  global RNGs, and its sampler draws from the global torch RNG. The engine restores the first two after start-up
+  and forks the RNG around generate, so building or using it leaves the trainer's threads and RNG stream alone.
+- CPU generate runs with `cpu_threads` (default 1) torch threads, then restores the trainer's count. vLLM serves
+  with one thread for the same reason: its decode loop is many small ops between Python scheduling, and idle
+  OMP workers spin. Measured on the 2-core machine, 64 prompts x 8 x 24 tokens, vocab 1k: about 4k tok/s with
+  one thread vs 0.8-1.5k with two.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.precision import StateDictTransform
+from harness.rollout.base import (
+    Rollout,
+    assemble_rollout,
+    call_seed,
+    check_generate_args,
+    load_tokenizer,
+    pad_ragged,
+)
+
+_MISSING = "rollout=vllm needs the vllm extra (pip install -e '.[vllm]'); use rollout=hf instead"
+
+
+class VLLMEngine:
+    """RolloutEngine (and ScoringEngine) on an in-process `vllm.LLM`."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: torch.dtype | str,
+        weight_transform: StateDictTransform | None = None,
+        seed: int = 0,
+        max_model_len: int = 1024,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_gb: float = 1,
+        enforce_eager: bool = True,
+        quantization: str | None = None,
+        max_topk: int = 20,
+        device: str = "cpu",
+        cpu_threads: int | None = 1,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        try:
+            import vllm
+        except ImportError:
+            raise ImportError(_MISSING) from None
+        self._vllm = vllm
+        self.tokenizer, eos, self.pad_id = load_tokenizer(model_path)
+        self.eos_ids = torch.tensor(eos)
+        self.weight_transform = weight_transform
+        self.seed = seed
+        self.max_model_len = max_model_len
+        self.max_topk = max_topk
+        self._calls = 0
+        self._threads = cpu_threads if device == "cpu" else None
+        memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+        if gpu_memory_utilization is not None and device.startswith("cuda"):
+            memory = {"gpu_memory_utilization": gpu_memory_utilization}
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            self.llm = vllm.LLM(
+                model=model_path,
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                enforce_eager=enforce_eager,
+                quantization=quantization,
+                logprobs_mode="processed_logprobs",
+                max_logprobs=max_topk,
+                use_tqdm_on_load=False,
+                **memory,
+            )
+        finally:
+            torch.set_num_threads = set_threads
+            set_threads(threads)
+            random.setstate(rng[0])
+            np.random.set_state(rng[1])
+            torch.set_rng_state(rng[2])
+        self._dtype = self.llm.llm_engine.model_config.dtype
+        self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+        if weight_transform is not None:
+            self._reload(weight_transform(_hf_state_dict(model_path)))
+
+    # --- weights ---
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy trainer weights into vLLM's copy (through the precision's transform) and drop cached prefixes."""
+        self._reload(self.weight_transform(state_dict) if self.weight_transform is not None else state_dict)
+
+    def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+        weights = dict(weights)
+        if self._tied and "lm_head.weight" not in weights:
+            # vLLM's tied head reports "Failed to load weights" and keeps stale values without it (stack.md).
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        worker = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+        worker.reload_weights(weights_iterator=self._cast(weights))
+        self.llm.reset_prefix_cache()
+
+    def _cast(self, weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+        # Sending the engine dtype avoids vLLM's per-tensor dtype-mismatch warning and a second cast inside it.
+        for name, t in weights.items():
+            yield name, (t.detach().to(self._dtype) if t.is_floating_point() else t.detach())
+
+    # --- sampling ---
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_new_tokens: int,
+        topk: int = 1,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> Rollout:
+        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len)
+        if seed is None:
+            seed = call_seed(self.seed, self._calls)
+        self._calls += 1
+        params = [
+            self._sampling_params(n, max_new_tokens, topk, temperature, int(s))
+            for s in np.random.SeedSequence(seed).generate_state(len(prompts))
+        ]
+        outputs = self._run(prompts, params)
+        ids, logps, top_ids, top_logps = [], [], [], []
+        for out in outputs:
+            for sample in sorted(out.outputs, key=lambda s: s.index):
+                length = len(sample.token_ids)
+                flat = sample.logprobs
+                entries = np.asarray(flat.token_ids, dtype=np.int64).reshape(length, topk + 1)
+                values = np.asarray(flat.logprobs, dtype=np.float32).reshape(length, topk + 1)
+                ids.append(np.asarray(sample.token_ids, dtype=np.int64))
+                logps.append(values[:, 0])
+                top_ids.append(entries[:, 1:])
+                top_logps.append(values[:, 1:])
+        response_ids = pad_ragged(ids, self.pad_id, torch.long)
+        mask = pad_ragged([np.ones(len(r), dtype=np.float32) for r in ids], 0.0, torch.float32)
+        return assemble_rollout(
+            prompts, n, response_ids, mask, pad_ragged(logps, 0.0, torch.float32),
+            pad_ragged(top_ids, 0, torch.long), pad_ragged(top_logps, 0.0, torch.float32),
+            self.eos_ids, self.pad_id, self._decode,
+        )
+
+    def _sampling_params(self, n: int, max_new_tokens: int, topk: int, temperature: float, seed: int) -> Any:
+        return self._vllm.SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            max_tokens=max_new_tokens,
+            logprobs=topk,
+            seed=seed,
+            stop_token_ids=self.eos_ids.tolist(),
+            detokenize=False,
+            flat_logprobs=True,
+        )
+
+    # --- teacher forcing ---
+    def score(
+        self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[B, T] float32 log-probs of each response token (vLLM prompt log-probs); 0 past each response."""
+        if len(prompts) != len(responses) or any(len(r) == 0 for r in responses):
+            raise ValueError("score: need one non-empty response per prompt")
+        if temperature != 1.0:
+            raise ValueError(f"score: vLLM prompt log-probs ignore temperature; only 1.0 is allowed, got {temperature}")
+        seqs = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+        params = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, flat_logprobs=True)
+        outputs = self._run(seqs, [params] * len(seqs))
+        rows = []
+        for out, p, r in zip(outputs, prompts, responses, strict=True):
+            # Position 0 has no log-prob, every later position exactly one: flat index j is position j + 1.
+            values = np.asarray(out.prompt_logprobs.logprobs, dtype=np.float32)
+            rows.append(values[len(p) - 1 : len(p) - 1 + len(r)])
+        return pad_ragged(rows, 0.0, torch.float32)
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        threads = torch.get_num_threads()
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+        try:
+            # The CPU sampler draws from the global torch RNG even for seeded requests: keep that off the trainer.
+            with torch.random.fork_rng(devices=[]):
+                return self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+                )
+        finally:
+            torch.set_num_threads(threads)
+
+    def _decode(self, rows: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+    def close(self) -> None:
+        """Shut the engine core down (frees the KV cache and vLLM's distributed state, so another can start)."""
+        if getattr(self, "llm", None) is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+def _hf_state_dict(model_path: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under HF names, to push through a weight transform once at start-up."""
+    from transformers import AutoModelForCausalLM
+
+    return dict(AutoModelForCausalLM.from_pretrained(model_path).state_dict())

@@ -1,0 +1,346 @@
+"""The RL training loop: one readable function, with a phase comment per step of DESIGN.md's data flow.
+
+prompts -> rollout engine (its own weights = mu) -> math-verify rewards -> group advantages
+-> [old_logp recompute, only for anchor=old] -> mini-batch updates (objective -> aggregate -> AdamW)
+-> weight sync into the engine -> metrics.jsonl / W&B; eval every N steps; checkpoint every M steps
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from harness import precision as precisions
+from harness.advantages import compute_advantages
+from harness.batch import TrainBatch, build_batch, policy_logprobs
+from harness.checkpoint import load_latest, save_checkpoint
+from harness.config import RunConfig
+from harness.evaluate import evaluate
+from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy
+from harness.objectives import aggregate, get_objective
+from harness.rewards import grade
+from harness.rollout import make_engine
+from harness.runlog import RunLog, WandbSettings, read_jsonl
+from harness.tasks import arith_config, load_problems, render_prompts
+from harness.tasks.arith import balanced_sample
+
+BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
+
+
+def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
+    """Train per `cfg`, writing everything into `run_dir`. Returns the summary written to summary.json."""
+    t_start = time.time()
+    t = cfg.trainer
+    torch.set_num_threads(t.threads or os.cpu_count() or 1)
+    log = RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=t.resume)
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "objective": cfg.objective.name}
+    engine = None
+    try:
+        # --- setup: model, engine, data, objective, optimizer ---
+        prec = precisions.get(cfg.precision.name)
+        model_path = model_dir(cfg)
+        policy, tokenizer = load_policy(model_path, device=cfg.device)
+        if prec.train_fp8:
+            precisions.wrap_fp8_linears(policy)
+        objective = get_objective(cfg.objective.name, **_overrides(cfg))
+        train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
+        eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
+        engine = make_engine(
+            cfg.rollout.engine,
+            str(model_path),
+            cfg.precision.name,
+            seed=cfg.seed,
+            max_model_len=cfg.model.max_model_len,
+            max_topk=cfg.rollout.max_topk,
+            device=cfg.device,
+            kv_cache_gb=cfg.rollout.kv_cache_gb,
+            enforce_eager=cfg.rollout.enforce_eager,
+        )
+        engine.sync_weights(policy.state_dict())
+        optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
+        )
+        horizon = t.horizon or t.max_new_tokens
+        # Steps count from 1: metrics row k, the evaluation at k and checkpoint k all describe the weights after
+        # k updates; step 0 is the evaluation before training.
+        done_steps = 0
+        if t.resume:
+            state = load_latest(run_dir, policy, optimizer)  # also restores the RNG streams
+            done_steps = int(state["step"]) if state else 0
+            log.truncate_after(done_steps if state else -1)
+            engine.sync_weights(policy.state_dict())
+        best, last_eval = _eval_scores(run_dir, f"avg@{cfg.eval.n}")[1], None
+        eval_kw = dict(
+            n=cfg.eval.n,
+            max_new_tokens=cfg.eval.max_new_tokens or t.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            samples_to_keep=t.samples_per_eval,
+            grading=cfg.reward.grade_kwargs(),
+            truncate_prompts=cfg.eval.cut_prompts(tiny_model=cfg.model.path is None),
+        )
+
+        def run_eval(step: int) -> dict[str, float]:
+            nonlocal best
+            record, samples = evaluate(engine, eval_prompts, eval_set, seed=cfg.seed * 1_000_003 + step, **eval_kw)
+            log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
+            log.log_samples(step, samples)
+            score = record[f"avg@{cfg.eval.n}"]
+            best = score if best is None else max(best, score)
+            return record
+
+        if done_steps == 0:
+            last_eval = run_eval(0)
+            summary["initial_score"] = last_eval[f"avg@{cfg.eval.n}"]
+
+        bar = tqdm(
+            range(done_steps + 1, t.total_steps + 1),
+            initial=done_steps,
+            total=t.total_steps,
+            desc=cfg.objective.name,
+            dynamic_ncols=True,
+            disable=None,
+        )
+        for step in bar:
+            # --- rollout: the engine samples with its own weights; its log-probs are mu ---
+            t0 = time.time()
+            rng = random.Random(cfg.seed * 1_000_003 + step)  # a step's prompts depend only on (seed, step)
+            problems = balanced_sample(train_set, t.prompts_per_step, rng)  # kinds in equal shares
+            prompts = render_prompts(tokenizer, problems, cfg.data.template)
+            ro = engine.generate(
+                prompts,
+                n=t.group_size,
+                max_new_tokens=t.max_new_tokens,
+                topk=objective.topk,
+                temperature=cfg.rollout.temperature,
+                seed=cfg.seed * 1_000_003 + step,
+            )
+            t_rollout = time.time() - t0
+
+            # --- reward (math-verify) and group advantages ---
+            answers = [problems[int(g)].answer for g in ro.group]
+            graded = grade(ro.texts, answers, ro.finished.tolist(), **cfg.reward.grade_kwargs())
+            rewards = torch.tensor(graded.rewards)
+            adv, adv_metrics = compute_advantages(rewards, ro.group, t.advantage)
+            batch = build_batch(ro, adv, tokenizer.pad_token_id, objective.topk)
+
+            # --- old_logp recompute: only when the objective's trust region is anchored on pi_old ---
+            t1 = time.time()
+            old_logp = None
+            if objective.needs_old:
+                with torch.no_grad():
+                    old_logp = policy_logprobs(
+                        policy, batch, cfg.rollout.temperature, autocast_dtype=prec.train_autocast
+                    ).logp
+
+            # --- mini-batch updates: the off-policy steps the trust region has to bound ---
+            # Rows whose advantage is 0 everywhere carry no gradient for any objective, so after the first
+            # mini-batch (kept whole: it measures the mismatch on an unbiased sample) they are skipped, and
+            # `scale` keeps the loss normalised by the full mini-batch, as if they had been there.
+            order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(cfg.seed + step))
+            step_metrics: list[dict[str, float]] = []
+            updates = 0
+            for k, rows in enumerate(order.chunk(t.minibatches)):
+                mb = batch.select(rows)
+                active = (mb.advantages != 0).any(1) | (k == 0)
+                if not bool(active.any()):
+                    continue
+                full_mask = mb.mask
+                rows = rows[active]
+                mb = batch.select(rows)
+                lp = policy_logprobs(
+                    policy,
+                    mb,
+                    cfg.rollout.temperature,
+                    with_topk=objective.topk > 1,
+                    autocast_dtype=prec.train_autocast,
+                )
+                out = objective(
+                    logp=lp.logp,
+                    behavior_logp=mb.behavior_logp,
+                    advantages=mb.advantages,
+                    mask=mb.mask,
+                    old_logp=None if old_logp is None else old_logp[rows],
+                    topk_logp=lp.topk_logp,
+                    topk_behavior_logp=mb.topk_behavior_logp,
+                )
+                scale = _denominator(mb.mask, cfg.objective.agg) / _denominator(full_mask, cfg.objective.agg)
+                loss = aggregate(out.loss_mat, mb.mask, cfg.objective.agg, horizon) * scale
+                m = {key: float(v) for key, v in out.metrics.items()}
+                m.update({"optim/loss": float(loss.detach()), "rollout/entropy": _masked_mean(lp.entropy, mb.mask)})
+                if bool((mb.advantages != 0).any()):  # no signal, no step: Adam's momentum alone would move it
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    m["optim/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), t.grad_clip))
+                    optimizer.step()
+                    updates += 1
+                    if cfg.rollout.sync == "step":
+                        engine.sync_weights(policy.state_dict())
+                if k == 0:  # before the step's first update: the pure training-inference mismatch
+                    m.update(_mismatch(lp.logp.detach(), mb))
+                m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), mb)
+                step_metrics.append(m)
+
+            # --- weight sync: the engine's copy follows the trainer (through the precision's transform) ---
+            if cfg.rollout.sync == "rollout":
+                engine.sync_weights(policy.state_dict())
+            t_train = time.time() - t1
+
+            # --- log ---
+            n_tokens = float(ro.mask.sum())
+            metrics = {
+                "reward/mean": float(rewards.mean()),
+                "reward/std": float(rewards.std()),
+                **adv_metrics,
+                **graded.metrics,
+                "rollout/response_len_mean": n_tokens / len(ro.texts),
+                "rollout/truncated_frac": float((~ro.finished).float().mean()),
+                **_mean_of(step_metrics),
+                "optim/lr": t.lr,
+                "optim/updates": float(updates),
+                "perf/rollout_s": t_rollout,
+                "perf/train_s": t_train,
+                "perf/tokens_per_s": n_tokens / max(time.time() - t0, 1e-9),
+                "samples": float(step * len(ro.texts)),
+            }
+            log.log(step, metrics)
+            bar.set_postfix(
+                reward=f"{metrics['reward/mean']:.3f}",
+                eval=f"{last_eval[f'avg@{cfg.eval.n}']:.3f}" if last_eval else "-",
+            )
+
+            # --- eval / checkpoint ---
+            done = step == t.total_steps
+            if step % t.eval_every == 0 or done:
+                last_eval = run_eval(step)
+            if step % t.checkpoint_every == 0 or done:
+                save_checkpoint(run_dir, step, policy, optimizer, extra={})
+        if last_eval is None:  # resumed after the last step: its evaluation is on disk already
+            previous = read_jsonl(run_dir / "eval.jsonl") if (run_dir / "eval.jsonl").exists() else []
+            last_eval = previous[-1] if previous else run_eval(t.total_steps)
+        score_key = f"avg@{cfg.eval.n}"
+        summary.update(
+            status="completed",
+            final_score=last_eval[score_key],
+            best_score=best,
+            score_key=score_key,
+            benchmark=cfg.benchmark.name,
+            steps=t.total_steps,
+        )
+        if "initial_score" not in summary:  # resumed: the step-0 evaluation is in eval.jsonl already
+            summary["initial_score"] = _eval_scores(run_dir, score_key)[0]
+        if summary.get("initial_score") is not None:
+            summary["gain"] = summary["final_score"] - summary["initial_score"]
+    except BaseException as exc:  # KeyboardInterrupt too: the run directory must say it did not finish
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        log.finish("failed", summary, error=traceback.format_exc())
+        raise
+    finally:
+        if engine is not None:
+            engine.close()
+    summary["wall_time_s"] = time.time() - t_start
+    log.finish("completed", summary)
+    return summary
+
+
+def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
+    if cfg.logger.name == "none":
+        return None
+    return WandbSettings(
+        enabled=True,
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        mode=cfg.logger.mode,
+        group=cfg.name,
+        name=cfg.objective.name,
+        job_type=cfg.objective.name,
+        tags=[cfg.model.name, cfg.precision.name],
+        init_timeout_s=cfg.logger.init_timeout_s,
+    )
+
+
+def _overrides(cfg: RunConfig) -> dict[str, Any]:
+    values = asdict(cfg.objective)
+    values.pop("name")
+    return values
+
+
+def _denominator(mask: torch.Tensor, mode: str) -> float:
+    """What `aggregate` divides by, so a subset of rows can be normalised as the whole mini-batch."""
+    if mode == "token-mean":
+        return float(mask.sum().clamp(min=1))
+    if mode == "token-sum":
+        return 1.0
+    return float(((mask > 0).sum(1) > 0).sum().clamp(min=1))
+
+
+def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
+    if x is None:
+        return math.nan
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:
+    """Rollout engine (mu) vs trainer (pi, same weights before any update): the training-inference mismatch."""
+    m = mb.mask > 0
+    if not bool(m.any()):
+        return {}
+    log_r = (logp - mb.behavior_logp)[m]
+    p, q = logp.exp()[m], mb.behavior_logp.exp()[m]
+    return {
+        "mismatch/abs_prob_diff_mean": float((p - q).abs().mean()),
+        "mismatch/abs_prob_diff_max": float((p - q).abs().max()),
+        "mismatch/k1": float((-log_r).mean()),
+        "mismatch/k3": float((torch.expm1(log_r) - log_r).mean()),
+    }
+
+
+def _bad_update_frac(logp: torch.Tensor, mb: TrainBatch) -> float:
+    """Tokens pushed down (A < 0) although pi already sits far below mu: P-DPPO's "bad updates" (Fig. 5)."""
+    m = mb.mask > 0
+    gap = mb.behavior_logp.exp() - logp.exp()
+    return float(((mb.advantages < 0) & (gap > BAD_UPDATE_GAP) & m).sum() / m.sum().clamp(min=1))
+
+
+def _mean_of(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for r in rows for k in r}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+
+
+def _eval_scores(run_dir: Path, key: str) -> tuple[float | None, float | None]:
+    """(first, best) score in eval.jsonl so far: what a resumed run already measured."""
+    path = run_dir / "eval.jsonl"
+    scores = [r[key] for r in read_jsonl(path) if r.get(key) is not None] if path.exists() else []
+    return (scores[0], max(scores)) if scores else (None, None)
+
+
+def model_dir(cfg: RunConfig) -> Path | str:
+    """The checkpoint to train: `model.path` as given, or the tiny model built (once, cached) from its config."""
+    m = cfg.model
+    if m.path is not None:
+        return m.path
+    tiny = TinyModelConfig(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_model_len,
+        sft_steps=m.sft_steps,
+        sft_lr=m.sft_lr,
+        sft_batch=m.sft_batch,
+        seed=m.init_seed,
+        corpus_size=m.corpus_size,
+    )
+    cache = Path(m.cache_dir).expanduser() if m.cache_dir else default_cache_dir()
+    return build_tiny(tiny, arith_config(cfg.data), cache)

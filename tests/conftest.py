@@ -1,0 +1,63 @@
+"""Shared fixtures: a small tiny model built once per session (cached across sessions), composed configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+# Built models are deterministic for their config, so a cache shared by test sessions is safe.
+TEST_CACHE = Path(os.environ.get("HARNESS_TEST_CACHE", ROOT / ".cache" / "test-models"))
+
+# A smaller sibling of model=tiny: same tokenizer recipe and architecture, fewer SFT steps, so the whole
+# suite can build it in seconds. Its accuracy is low but non-zero, which is all the plumbing tests need.
+SMALL_MODEL = [
+    "model.hidden_size=64",
+    "model.intermediate_size=128",
+    "model.num_layers=2",
+    "model.head_dim=32",  # vLLM CPU attention supports head_dim 32, 64, 80, ...; not 16
+    "model.sft_steps=250",
+    "model.corpus_size=4000",
+    f"model.cache_dir={TEST_CACHE}",
+]
+FAST_TRAINER = [
+    "trainer.prompts_per_step=4",
+    "trainer.group_size=4",
+    "trainer.max_new_tokens=16",
+    "trainer.minibatches=2",
+    "trainer.eval_every=1",
+    "benchmark.max_problems=12",
+    "logger=none",
+    # One thread: these models are too small to gain from two, and OpenMP spin-waits badly when another
+    # process holds the other core.
+    "trainer.threads=1",
+]
+
+
+def compose(*overrides: str) -> dict:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness.config import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+@pytest.fixture(scope="session")
+def small_model() -> list[str]:
+    """Overrides selecting the small tiny model, built (or found in the cache) once per session."""
+    from harness.config import validate
+    from harness.train import model_dir
+
+    model_dir(validate(compose(*SMALL_MODEL)))
+    return SMALL_MODEL

@@ -1,0 +1,297 @@
+"""analysis/: synthetic run directories with hand-chosen values -> frames, figures and tables with known numbers.
+
+Experiment exp_a: grpo and dppo x seeds 0, 1, 2, steps 1..10, evaluations at steps 0, 5, 10:
+    reward/mean(step k)  = a + 0.05 k + 0.01 seed        a = 0.1 (grpo), 0.2 (dppo)
+    mismatch/k3          = m (seed + 1)                   m = 0.001 (grpo), 0.002 (dppo)
+    avg@4 at 0 / 5 / 10  = 0.1 / b5 + 0.1 seed / b10 + 0.1 seed,  (b5, b10) = (0.5, 0.3) grpo, (0.6, 0.7) dppo
+plus a failed dppo run (seed 3, rewards of 100 that must not show) and a torn last line in grpo seed 2.
+Experiment sweep_b (under multirun/): dppo with delta 0.05 / 0.15 / 0.5 x seeds 0, 1; one run has no
+summary.json (kept, with a warning), one has a corrupt middle line in metrics.jsonl (left out, listed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PolyCollection
+from omegaconf import OmegaConf
+
+from analysis.__main__ import main
+from analysis.figures import (
+    SkipFigure,
+    fig_delta_sweep,
+    fig_drpo_weights,
+    fig_eval_curves,
+    fig_final_scores,
+    fig_mismatch,
+    fig_reward_curves,
+    save_figure,
+)
+from analysis.load import find_run_dirs, load_runs
+from analysis.stats import arm_columns, mean_ci, t_critical
+from analysis.tables import experiment_table, to_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+A = {"grpo": 0.1, "dppo": 0.2}
+M = {"grpo": 0.001, "dppo": 0.002}
+B = {"grpo": (0.5, 0.3), "dppo": (0.6, 0.7)}
+DELTA = {"grpo": 0.2, "dppo": 0.15}  # preset defaults: they vary, but only together with the objective
+
+
+def _config(name: str, objective: str, seed: int, delta: float) -> dict:
+    return {
+        "name": name,
+        "seed": seed,
+        "objective": {"name": objective, "family": objective, "delta": delta},
+        "precision": {"name": "fp32"},
+        "trainer": {"lr": 1e-4, "total_steps": 10},
+        "data": {"seed": seed, "kinds": ["add", "mul"]},  # a relabelled seed and a list: neither is an arm
+        "eval": {"n": 4},
+    }
+
+
+def _write_run(
+    run_dir: Path,
+    cfg: dict,
+    metrics: list[dict],
+    evals: list[dict],
+    status: str | None = "completed",
+    error: str | None = None,
+) -> None:
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    if status is not None:
+        (run_dir / "summary.json").write_text(json.dumps({"status": status, "error": error, "wandb": {"id": None}}))
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("runs")
+    outputs, multirun = base / "outputs", base / "multirun"
+    for obj in ("grpo", "dppo"):
+        for seed in range(3):
+            run_dir = outputs / "exp_a" / "2025-01-01_00-00-00" / f"objective={obj},seed={seed}"
+            metrics = [
+                {
+                    "step": k,
+                    "reward/mean": A[obj] + 0.05 * k + 0.01 * seed,
+                    "mismatch/k3": M[obj] * (seed + 1),
+                    "mismatch/abs_prob_diff_mean": None,  # JSON null, as RunLog writes a NaN
+                }
+                for k in range(1, 11)
+            ]
+            b5, b10 = B[obj]
+            evals = [
+                {"step": s, "benchmark": "arith", "avg@4": v, "pass@4": 1.0}
+                for s, v in ((0, 0.1), (5, b5 + 0.1 * seed), (10, b10 + 0.1 * seed))
+            ]
+            _write_run(run_dir, _config("exp_a", obj, seed, DELTA[obj]), metrics, evals)
+            if (obj, seed) == ("grpo", 2):
+                with open(run_dir / "metrics.jsonl", "a") as f:
+                    f.write('{"step": 11, "reward/me')  # a crash mid-write
+    failed = outputs / "exp_a" / "2025-01-01_00-00-00" / "objective=dppo,seed=3"
+    bad = [{"step": k, "reward/mean": 100.0, "mismatch/k3": 100.0} for k in (1, 2, 3)]
+    _write_run(failed, _config("exp_a", "dppo", 3, 0.15), bad, [], status="failed", error="RuntimeError: boom\nstack")
+
+    for delta in (0.05, 0.15, 0.5):
+        for seed in range(2):
+            run_dir = multirun / "sweep_b" / "x" / f"objective.delta={delta},seed={seed}"
+            metrics = [{"step": k, "reward/mean": delta + 0.1 * seed} for k in (1, 2, 3)]
+            evals = [{"step": s, "benchmark": "arith", "avg@4": delta * s / 3 + 0.1 * seed} for s in (0, 3)]
+            status = None if (delta, seed) == (0.5, 1) else "completed"
+            _write_run(run_dir, _config("sweep_b", "dppo", seed, delta), metrics, evals, status=status)
+    corrupt = multirun / "sweep_b" / "x" / "objective.delta=0.5,seed=7"
+    _write_run(corrupt, _config("sweep_b", "dppo", 7, 0.5), [{"step": 1, "reward/mean": 9.0}], [])
+    (corrupt / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    return outputs, multirun
+
+
+# --- statistics ---------------------------------------------------------------------------------------------
+
+
+def _t_cdf_mass(t: float, dof: int) -> float:
+    """P(|T| < t) for Student t by the trapezoid rule on its density."""
+    x = np.linspace(-t, t, 200_001)
+    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    pdf = np.exp(log_c - (dof + 1) / 2 * np.log1p(x**2 / dof))
+    return float(np.sum((pdf[1:] + pdf[:-1]) / 2) * (x[1] - x[0]))
+
+
+@pytest.mark.parametrize("dof", [1, 2, 4, 10, 30, 31, 100])
+def test_t_critical_holds_95_percent(dof: int) -> None:
+    assert _t_cdf_mass(t_critical(dof), dof) == pytest.approx(0.95, abs=3e-4)
+
+
+def test_mean_ci_hand_values() -> None:
+    # x = 0: seeds 1, 2, 3 -> mean 2, sd 1, half-width t_{0.975,2} / sqrt(3) = 4.303 / 1.732 = 2.4844.
+    # x = 1: one seed -> its value, no band.
+    wide = pd.DataFrame({"r0": [1.0, 5.0], "r1": [2.0, None], "r2": [3.0, None]})
+    st = mean_ci(wide)
+    assert st["mean"].tolist() == [2.0, 5.0]
+    assert st["n"].tolist() == [3, 1]
+    assert st.loc[0, "lo"] == pytest.approx(2 - 4.303 / math.sqrt(3))
+    assert st.loc[0, "hi"] == pytest.approx(2 + 4.303 / math.sqrt(3))
+    assert math.isnan(st.loc[1, "lo"]) and math.isnan(st.loc[1, "hi"])
+
+
+# --- loading --------------------------------------------------------------------------------------------------
+
+
+def test_load_frames(roots: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        rs = load_runs(roots)
+    assert rs.experiments == ["exp_a", "sweep_b"]
+    a = rs.experiment("exp_a")
+    # 6 good runs x 10 steps: the failed run's 3 rows are not there, the torn step 11 is not there.
+    assert len(a.metrics) == 60 and a.metrics["step"].max() == 10
+    assert a.metrics.groupby("run").size().tolist() == [10] * 6
+    assert (a.metrics["reward/mean"] < 100).all()
+    assert len(a.evals) == 18 and sorted(a.evals["step"].unique()) == [0, 5, 10]
+    for col in ("run", "name", "seed", "objective.name", "precision.name", "trainer.lr", "objective.delta"):
+        assert col in a.metrics.columns and col in a.evals.columns and col in a.summaries.columns
+    assert a.metrics["trainer.lr"].eq(1e-4).all() and a.metrics["data.kinds"].eq('["add", "mul"]').all()
+    assert sorted(a.metrics["seed"].unique()) == [0, 1, 2]
+    assert a.metrics["mismatch/abs_prob_diff_mean"].isna().all()
+    # The step-3 value of grpo seed 1 is the one written: a + 0.05 * 3 + 0.01 * 1.
+    row = a.metrics[(a.metrics["objective.name"] == "grpo") & (a.metrics["seed"] == 1) & (a.metrics["step"] == 3)]
+    assert row["reward/mean"].item() == pytest.approx(0.26)
+
+    # Every run is listed in summaries; the failed one says why and is the only one left out.
+    assert len(a.summaries) == 7
+    assert a.failed["run"].str.endswith("objective=dppo,seed=3").tolist() == [True]
+    assert a.failed["error"].item().startswith("RuntimeError: boom")
+    assert any("torn last line" in r.getMessage() for r in caplog.records)
+
+    b = rs.experiment("sweep_b")
+    assert len(b.summaries) == 7 and len(b.metrics) == 18  # the corrupt run is listed but has no rows
+    assert b.failed["load_error"].str.contains("line 2 is not valid JSON").tolist() == [True]
+    assert (b.summaries["status"] == "missing").sum() == 1
+    assert any("summary.json missing" in r.getMessage() for r in caplog.records)
+
+    with pytest.raises(ValueError, match="experiments found: exp_a, sweep_b"):
+        rs.experiment("nope")
+    assert len(load_runs(roots, include_failed=True).experiment("exp_a").metrics) == 63
+
+
+def test_find_run_dirs_skips_missing_roots(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    assert len(find_run_dirs([roots[0], tmp_path / "absent"])) == 7
+    assert load_runs([tmp_path / "absent"]).summaries.empty
+
+
+def test_arm_columns(roots: tuple[Path, Path]) -> None:
+    rs = load_runs(roots)
+    # objective.family and the preset deltas follow objective.name; data.seed is the seed again.
+    assert arm_columns(rs.experiment("exp_a").metrics) == ["objective.name"]
+    assert arm_columns(rs.experiment("sweep_b").metrics) == ["objective.delta"]
+
+
+# --- figures --------------------------------------------------------------------------------------------------
+
+
+def test_reward_curves_one_line_per_objective(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    metrics = load_runs(roots).experiment("exp_a").metrics
+    fig = fig_reward_curves(metrics, title="exp_a")
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert sorted(lines) == ["dppo (n=3)", "grpo (n=3)"]
+    # Step 1, grpo: mean over seeds of 0.1 + 0.05 + 0.01 seed = 0.16; dppo 0.26.
+    assert lines["grpo (n=3)"].get_ydata()[0] == pytest.approx(0.16)
+    assert lines["dppo (n=3)"].get_ydata()[0] == pytest.approx(0.26)
+    assert list(lines["grpo (n=3)"].get_xdata()) == list(range(1, 11))
+    assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 2  # one CI band per arm
+    (png,) = save_figure(fig, tmp_path / "figs", "reward_curves")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_precision_gets_its_own_panels(roots: tuple[Path, Path]) -> None:
+    metrics = load_runs(roots).experiment("exp_a").metrics
+    bf16 = metrics.assign(run=metrics["run"] + "-bf16", **{"precision.name": "bf16"})
+    fig = fig_reward_curves(pd.concat([metrics, bf16], ignore_index=True))
+    assert [ax.get_title() for ax in fig.axes] == ["precision = bf16", "precision = fp32"]
+    assert [len(ax.get_lines()) for ax in fig.axes] == [2, 2]
+
+
+def test_missing_columns_skip_with_a_reason(roots: tuple[Path, Path]) -> None:
+    rs = load_runs(roots).experiment("exp_a")
+    with pytest.raises(SkipFigure, match="objective/neg_weight_frac"):
+        fig_drpo_weights(rs.metrics)
+    # abs_prob_diff_mean is all null: the mismatch figure keeps only its k3 panel.
+    assert len(fig_mismatch(rs.metrics).axes) == 1
+    with pytest.raises(SkipFigure, match="no arm has more than one objective.delta"):
+        fig_delta_sweep(rs.evals)
+
+
+def test_eval_figures(roots: tuple[Path, Path]) -> None:
+    rs = load_runs(roots)
+    a = rs.experiment("exp_a").evals
+    (ax,) = fig_eval_curves(a).axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    # grpo at steps 0 / 5 / 10: 0.1, then 0.5 + 0.1 seed and 0.3 + 0.1 seed averaged over seeds 0..2.
+    assert lines["grpo (n=3)"].get_ydata() == pytest.approx([0.1, 0.6, 0.4])
+    assert len(fig_final_scores(a).axes[0].patches) == 2  # one bar per objective
+
+    (ax,) = fig_delta_sweep(rs.experiment("sweep_b").evals).axes
+    (line,) = ax.get_lines()
+    # final avg@4 = delta + 0.1 seed at step 3, averaged over seeds 0 and 1 (the corrupt seed 7 is left out).
+    assert list(line.get_xdata()) == [0.05, 0.15, 0.5]
+    assert line.get_ydata() == pytest.approx([0.1, 0.2, 0.55])
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
+
+
+def test_table_matches_hand_means(roots: tuple[Path, Path]) -> None:
+    rs = load_runs(roots).experiment("exp_a")
+    table = experiment_table(rs.metrics, rs.evals).set_index("objective.name")
+    assert table.attrs["score"] == "avg@4"
+    assert table["n"].tolist() == [3, 3]
+    # final: grpo 0.3/0.4/0.5, dppo 0.7/0.8/0.9; best: grpo 0.5 + 0.1 seed, dppo 0.7 + 0.1 seed.
+    assert table.loc["grpo", "final_mean"] == pytest.approx(0.4)
+    assert table.loc["grpo", "final_std"] == pytest.approx(0.1)
+    assert table.loc["dppo", "final_mean"] == pytest.approx(0.8)
+    assert table.loc["grpo", "best_mean"] == pytest.approx(0.6) and table.loc["dppo", "best_mean"] == pytest.approx(0.8)
+    # final reward = the last 10% of 10 steps = step 10: a + 0.5 + 0.01 seed -> 0.61 (grpo), 0.71 (dppo), sd 0.01.
+    assert table.loc["grpo", "final_reward_mean"] == pytest.approx(0.61)
+    assert table.loc["dppo", "final_reward_mean"] == pytest.approx(0.71)
+    assert table.loc["dppo", "final_reward_std"] == pytest.approx(0.01)
+    # mismatch k3 = m (seed + 1) averaged over seeds = 2 m.
+    assert table.loc["grpo", "mismatch_k3_mean"] == pytest.approx(0.002)
+    assert table.loc["dppo", "mismatch_k3_mean"] == pytest.approx(0.004)
+    md = to_markdown(table.reset_index())
+    assert "| objective | benchmark | n | final avg@4 | best avg@4 | final reward | mismatch k3 |" in md
+    assert "| grpo | arith | 3 | 0.400 ± 0.100 | 0.600 ± 0.100 | 0.610 ± 0.010 | 0.002 ± 0.001 |" in md
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_every_experiment(
+    roots: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "figs"
+    cmd = [sys.executable, "-m", "analysis", "--roots", *map(str, roots), "--out", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for rel in ("exp_a/reward_curves.png", "exp_a/eval_curves.png", "exp_a/table.md", "exp_a/table.csv",
+                "sweep_b/delta_sweep.png", "index.md"):  # fmt: skip
+        assert (out / rel).is_file(), rel
+        assert f"wrote {out / rel}" in res.stdout
+    assert "skip exp_a/drpo_weights: no values for objective/neg_weight_frac" in res.stdout
+    table_md = (out / "exp_a" / "table.md").read_text()
+    assert "objective=dppo,seed=3` (failed): RuntimeError: boom" in table_md
+    assert "0.400 ± 0.100" in (out / "index.md").read_text()
+
+    # No runs: one line, exit 0, nothing written (in-process: the subprocess above already covers the entry point).
+    assert main(["--roots", str(tmp_path / "none"), "--out", str(tmp_path / "f2")]) == 0
+    assert capsys.readouterr().out == f"no runs found under {tmp_path / 'none'}: nothing to plot\n"
+    assert not (tmp_path / "f2").exists()

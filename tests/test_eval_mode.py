@@ -1,0 +1,143 @@
+"""Eval-only runs end to end: the small tiny model, HF rollouts, math-verify, the run directory's files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.config import validate
+from harness.eval_only import resolve_model, run_eval
+from harness.runlog import read_jsonl
+from harness.train import model_dir, train
+from tests.conftest import FAST_TRAINER, compose
+
+ROOT = Path(__file__).resolve().parents[1]
+AIME24 = ROOT.parent / "shared" / "data" / "aime" / "aime24.jsonl"
+AIME25 = AIME24.with_name("aime25.jsonl")
+DAPO = Path(__file__).resolve().parent / "fixtures" / "dapo_verl.jsonl"
+EVAL = ["mode=eval", "rollout=hf", "logger=none", "trainer.threads=1", "trainer.max_new_tokens=16"]
+
+
+def evaluate_into(run_dir: Path, *overrides: str) -> tuple[dict, dict]:
+    raw = compose(*EVAL, *overrides)
+    summary = run_eval(validate(raw), run_dir, raw)
+    (record,) = read_jsonl(run_dir / "eval.jsonl")
+    return summary, record
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, small_model) -> Path:
+    """One training step with a checkpoint, laid out as run.py leaves it (.hydra/config.yaml included)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "train"
+    raw = compose(*small_model, *FAST_TRAINER, "rollout=hf", "trainer.total_steps=1")
+    train(validate(raw), run_dir, raw)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(raw), run_dir / ".hydra" / "config.yaml")
+    return run_dir
+
+
+def test_eval_of_a_run_directory_reproduces_its_step_eval(tmp_path, trained_run):
+    # Same benchmark, n, length and seed as the training run's evaluation after step 1.
+    first_summary, first = evaluate_into(tmp_path / "a", f"model.path={trained_run}", "benchmark.max_problems=12")
+    _, second = evaluate_into(tmp_path / "b", f"model.path={trained_run}", "benchmark.max_problems=12")
+    trained = read_jsonl(trained_run / "eval.jsonl")[-1]
+
+    assert first["step"] == 1 and first_summary["step"] == 1
+    assert first_summary["checkpoint"].endswith("checkpoints/step_1/model.safetensors")
+    assert first["avg@1"] == second["avg@1"] == trained["avg@1"] == first_summary["final_score"]
+    assert first["problems"] == second["problems"] == trained["problems"]
+    assert len(first["problems"]) == 12 and all(row["n"] == 1 for row in first["problems"])
+    for name in ("eval.jsonl", "samples.jsonl", "summary.json"):
+        assert (tmp_path / "a" / name).is_file()
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["mode"] == "eval"
+    assert len(read_jsonl(tmp_path / "a" / "samples.jsonl")) == 8  # trainer.samples_per_eval
+
+
+def test_eval_of_a_checkpoint_folder_and_of_a_model_folder(tmp_path, trained_run, small_model):
+    step_dir = trained_run / "checkpoints" / "step_1"
+    _, record = evaluate_into(tmp_path / "ckpt", f"model.path={step_dir}", "benchmark.max_problems=12", "eval.n=2")
+    assert record["step"] == 1 and 0 <= record["avg@2"] <= 1 and "maj@2" in record and "pass@2" in record
+    base = model_dir(validate(compose(*small_model)))
+    src = resolve_model(validate(compose(*EVAL, f"model.path={base}")))
+    assert (src.base, src.weights, src.step, src.tiny) == (str(base), None, 0, False)
+
+
+def test_tiny_model_on_aime_cuts_prompts_to_its_context(tmp_path, small_model):
+    summary, record = evaluate_into(
+        tmp_path / "aime",
+        *small_model,
+        "benchmark=aime24",
+        f"benchmark.path={AIME24}",
+        "benchmark.max_problems=3",
+        "eval.n=2",
+    )
+    assert summary["status"] == "completed" and summary["n_problems"] == 3 and record["step"] == 0
+    assert record["benchmark"] == "aime24"
+    assert [r["id"] for r in record["problems"]] == ["2024-I-1", "2024-I-2", "2024-I-3"]
+    assert 0 < record["prompt_truncated_frac"] <= 1  # AIME problems are longer than 512 tiny-BPE tokens
+    assert record["acc/aime24"] == record["avg@2"]
+
+
+def test_bad_model_paths_fail_with_one_line(tmp_path, trained_run):
+    empty_run = tmp_path / "empty_run"
+    (empty_run / ".hydra").mkdir(parents=True)
+    (empty_run / ".hydra" / "config.yaml").write_text((trained_run / ".hydra" / "config.yaml").read_text())
+    (tmp_path / "junk").mkdir()
+    cases = [
+        (str(tmp_path / "nope"), FileNotFoundError, r"model.path: '.*nope' does not exist"),
+        (str(tmp_path / "junk"), ValueError, r"neither a run directory .* nor a model folder"),
+        (str(empty_run), FileNotFoundError, r"has no checkpoint under checkpoints/"),
+    ]
+    for path, exc, message in cases:
+        with pytest.raises(exc, match=message) as err:
+            resolve_model(validate(compose(*EVAL, f"model.path={path}")))
+        assert "\n" not in str(err.value)
+
+
+def test_training_on_dapo_evaluates_on_aime_without_code_changes(tmp_path, small_model):
+    raw = compose(
+        *small_model,
+        *FAST_TRAINER,
+        "rollout=hf",
+        "trainer.total_steps=1",
+        "data=dapo_math",
+        f"data.path={DAPO}",
+        "benchmark=aime24_25",
+        f"benchmark.path=[{AIME24},{AIME25}]",
+        "benchmark.max_problems=4",
+    )
+    summary = train(validate(raw), tmp_path / "run", raw)
+    evals = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    assert summary["status"] == "completed" and [e["step"] for e in evals] == [0, 1]
+    for e in evals:
+        assert e["benchmark"] == "aime24_25" and {"acc/aime24", "acc/aime25", "maj@1", "pass@1"} <= set(e)
+        assert [r["id"] for r in e["problems"]] == ["2024-I-1", "2025-I-1", "2024-I-2", "2025-I-2"]
+
+
+@pytest.mark.slow
+def test_run_py_mode_eval(tmp_path, small_model):
+    args = [*small_model, *EVAL, "benchmark.max_problems=6", "eval.n=2", f"hydra.run.dir={tmp_path / 'out'}"]
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "evaluation finished: completed" in res.stdout
+    (record,) = read_jsonl(tmp_path / "out" / "eval.jsonl")
+    assert record["benchmark"] == "arith" and len(record["problems"]) == 6
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_directory_with_vllm(tmp_path, trained_run):
+    # vLLM takes the checkpoint through its own weight loader (tied head included); the HF test above checks
+    # the weights are the trained ones, this one that the vLLM path runs.
+    summary, record = evaluate_into(
+        tmp_path / "v", f"model.path={trained_run}", "rollout=vllm", "benchmark.max_problems=12", "eval.n=2"
+    )
+    assert summary["status"] == "completed" and record["step"] == 1 and 0 <= record["avg@2"] <= 1
+    assert len(record["problems"]) == 12 and all(len(r["predictions"]) == 2 for r in record["problems"])

@@ -1,0 +1,163 @@
+"""End-to-end training with the real components: Hydra config, tiny Qwen3, HF/vLLM engines, math-verify, W&B."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config import validate
+from harness.objectives import OBJECTIVE_NAMES
+from harness.runlog import read_jsonl
+from harness.train import train
+from tests.conftest import FAST_TRAINER, compose
+
+
+def run(tmp_path, *overrides: str, name: str = "run") -> tuple[dict, object]:
+    raw = compose(*overrides)
+    summary = train(validate(raw), tmp_path / name, raw)
+    return summary, tmp_path / name
+
+
+@pytest.mark.parametrize("objective", OBJECTIVE_NAMES)
+def test_two_steps_of_every_objective(tmp_path, small_model, objective):
+    summary, run_dir = run(
+        tmp_path,
+        *small_model,
+        *FAST_TRAINER,
+        "rollout=hf",
+        f"objective={objective}",
+        "trainer.total_steps=2",
+        "rollout.max_topk=20",
+    )
+    assert summary["status"] == "completed"
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert 0 <= r["reward/mean"] <= 1
+        assert r["perf/tokens_per_s"] > 0
+    # At least one step had a learning signal and so ran the objective and the optimizer.
+    trained = [r for r in rows if r["optim/updates"] > 0]
+    for r in trained:
+        assert "objective/masked_frac" in r and "mismatch/k3" in r and r["optim/grad_norm"] >= 0
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 1, 2] and all(0 <= e["avg@1"] <= 1 for e in evals)
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["status"] == "completed" and final["final_score"] == evals[-1]["avg@1"]
+
+
+@pytest.fixture(scope="module")
+def small_path(small_model) -> str:
+    from harness.train import model_dir
+
+    return str(model_dir(validate(compose(*small_model))))
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_engine_logprobs_match_the_trainer_at_fp32(small_path, engine):
+    import torch
+
+    from harness.batch import build_batch, policy_logprobs
+    from harness.models import load_policy
+    from harness.rollout import make_engine
+    from harness.tasks import load_problems, render_prompts
+
+    torch.set_num_threads(1)
+    run_cfg = validate(compose())
+    policy, tok = load_policy(small_path)
+    _, problems = load_problems(run_cfg.data, run_cfg.benchmark)
+    prompts = render_prompts(tok, problems[:6], "chat")
+    eng = make_engine(engine, small_path, "fp32", seed=0, max_model_len=256, max_topk=4, device="cpu")
+    try:
+        ro = eng.generate(prompts, n=3, max_new_tokens=16, topk=4, seed=1)
+    finally:
+        eng.close()
+    batch = build_batch(ro, torch.zeros(len(ro.texts)), tok.pad_token_id, topk=4)
+    with torch.no_grad():
+        lp = policy_logprobs(policy, batch, with_topk=True)
+    m = batch.mask > 0
+    assert float((lp.logp - batch.behavior_logp)[m].abs().max()) <= 1e-4
+    assert float((lp.topk_logp - batch.topk_behavior_logp)[m].abs().max()) <= 1e-4
+
+
+def test_mismatch_grows_as_rollout_precision_drops(tmp_path, small_model):
+    k3 = {}
+    for prec in ("fp32", "bf16", "fp8_rollout"):
+        _, run_dir = run(
+            tmp_path,
+            *small_model,
+            *FAST_TRAINER,
+            "rollout=hf",
+            f"precision={prec}",
+            "trainer.total_steps=1",
+            "trainer.prompts_per_step=8",
+            name=prec,
+        )
+        k3[prec] = read_jsonl(run_dir / "metrics.jsonl")[0]["mismatch/k3"]
+    assert k3["fp32"] < 1e-6 < k3["bf16"] < k3["fp8_rollout"], k3
+
+
+def test_vllm_run_with_wandb_offline(tmp_path, small_model):
+    summary, run_dir = run(
+        tmp_path, *small_model, *FAST_TRAINER, "rollout=vllm", "objective=drpo", "logger=wandb", "trainer.total_steps=2"
+    )
+    assert summary["status"] == "completed"
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["wandb"]["mode"] == "offline"
+
+
+def test_resume_continues_without_duplicates_and_matches_an_uninterrupted_run(tmp_path, small_model):
+    from safetensors.torch import load_file
+
+    common = [
+        *small_model,
+        *FAST_TRAINER,
+        "rollout=hf",
+        "objective=dppo",
+        "trainer.checkpoint_every=2",
+        "trainer.eval_every=2",
+    ]
+    run(tmp_path, *common, "trainer.total_steps=4", name="straight")
+    run(tmp_path, *common, "trainer.total_steps=2", name="resumed")  # stops after step 2 (checkpoint 2)
+    summary, run_dir = run(tmp_path, *common, "trainer.total_steps=4", "trainer.resume=true", name="resumed")
+    assert summary["status"] == "completed"
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [e["step"] for e in read_jsonl(run_dir / "eval.jsonl")] == [0, 2, 4]
+    a = load_file(tmp_path / "straight" / "checkpoints" / "step_4" / "model.safetensors")
+    b = load_file(run_dir / "checkpoints" / "step_4" / "model.safetensors")
+    assert all(torch_equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
+def test_sweep_from_the_command_line(tmp_path, small_model):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    cmd = [
+        sys.executable,
+        str(ROOT / "run.py"),
+        "-m",
+        "objective=dppo,drpo",
+        "trainer.total_steps=3",
+        "rollout=hf",
+        *small_model,
+        *FAST_TRAINER,
+        f"hydra.sweep.dir={tmp_path}",
+    ]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summaries = sorted(tmp_path.glob("*/summary.json"))
+    assert len(summaries) == 2
+    for path in summaries:
+        s = json.loads(path.read_text())
+        assert s["status"] == "completed" and s["steps"] == 3
+    assert {p.parent.name.split(",")[0] for p in summaries} == {"objective=dppo", "objective=drpo"}  # swept axis first
