@@ -35,7 +35,23 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
     def select(self, rows: Tensor) -> TrainBatch:
-        return TrainBatch(**{k: (v[rows] if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()})
+        """The given rows, with the padding columns no selected row uses cut away: most responses are far
+        shorter than the longest one, and every padded column costs a full forward and backward."""
+        keep_t = max(int(self.mask[rows].sum(1).max()), 1)
+        keep_p = max(int(self.attention_mask[rows, : self.prompt_len].sum(1).max()), 1)
+        cols = slice(self.prompt_len - keep_p, self.prompt_len + keep_t)
+        return TrainBatch(
+            input_ids=self.input_ids[rows, cols],
+            attention_mask=self.attention_mask[rows, cols],
+            position_ids=self.position_ids[rows, cols],
+            prompt_len=keep_p,
+            response_ids=self.response_ids[rows, :keep_t],
+            mask=self.mask[rows, :keep_t],
+            behavior_logp=self.behavior_logp[rows, :keep_t],
+            topk_ids=self.topk_ids[rows, :keep_t],
+            topk_behavior_logp=self.topk_behavior_logp[rows, :keep_t],
+            advantages=self.advantages[rows, :keep_t],
+        )
 
 
 def build_batch(ro: Rollout, advantages: Tensor, pad_id: int, topk: int) -> TrainBatch:

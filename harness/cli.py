@@ -44,15 +44,20 @@ def run_job(cfg: DictConfig) -> float | None:
         # The run directory exists already (Hydra made it): mark it failed so analysis never reads it as a run.
         atomic_write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
         fail(str(exc))
-    if run_cfg.mode == "eval":
-        from harness.eval_only import print_eval_summary, run_eval
+    from harness.config import SetupError
 
-        summary = run_eval(run_cfg, run_dir, raw)
-        print_eval_summary(summary)
-        return summary.get("final_score")
-    from harness.train import train
+    try:
+        if run_cfg.mode == "eval":
+            from harness.eval_only import print_eval_summary, run_eval
 
-    summary = train(run_cfg, run_dir, raw)
+            summary = run_eval(run_cfg, run_dir, raw)
+            print_eval_summary(summary)
+            return summary.get("final_score")
+        from harness.train import train
+
+        summary = train(run_cfg, run_dir, raw)
+    except SetupError as exc:  # summary.json already says failed, with the traceback
+        fail(str(exc))
     print_summary(summary)
     return summary.get("final_score")
 

@@ -12,10 +12,15 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from harness.objectives import FAMILIES, ObjectiveConfig, objective_config
 from harness.schema import build
+
+
+class SetupError(ValueError):
+    """A run cannot start (missing model or data, an option this machine cannot honour): one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,11 @@ def _check_combinations(run: RunConfig) -> None:
         raise ValueError(
             f"rollout.max_topk: {run.rollout.max_topk} is smaller than objective.topk = {run.objective.topk} "
             f"({run.objective.name} needs K = {run.objective.topk} log-probs per token)"
+        )
+    path = run.model.path
+    if path is not None and path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
+        raise ValueError(
+            f"model.path: {path!r} does not exist (give a local model folder, a run directory or a hub id)"
         )
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")

@@ -23,7 +23,7 @@ from harness import precision as precisions
 from harness.advantages import compute_advantages
 from harness.batch import TrainBatch, build_batch, policy_logprobs
 from harness.checkpoint import load_latest, save_checkpoint
-from harness.config import RunConfig
+from harness.config import RunConfig, SetupError
 from harness.evaluate import evaluate
 from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy
 from harness.objectives import aggregate, get_objective
@@ -46,25 +46,29 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
     engine = None
     try:
         # --- setup: model, engine, data, objective, optimizer ---
-        prec = precisions.get(cfg.precision.name)
-        model_path = model_dir(cfg)
-        policy, tokenizer = load_policy(model_path, device=cfg.device)
-        if prec.train_fp8:
-            precisions.wrap_fp8_linears(policy)
-        objective = get_objective(cfg.objective.name, **_overrides(cfg))
-        train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
-        eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
-        engine = make_engine(
-            cfg.rollout.engine,
-            str(model_path),
-            cfg.precision.name,
-            seed=cfg.seed,
-            max_model_len=cfg.model.max_model_len,
-            max_topk=cfg.rollout.max_topk,
-            device=cfg.device,
-            kv_cache_gb=cfg.rollout.kv_cache_gb,
-            enforce_eager=cfg.rollout.enforce_eager,
-        )
+        try:  # a missing model or data file, or an unusable option, surfaces here: one line, not a traceback
+            prec = precisions.get(cfg.precision.name)
+            model_path = model_dir(cfg)
+            policy, tokenizer = load_policy(model_path, device=cfg.device)
+            if prec.train_fp8:
+                precisions.wrap_fp8_linears(policy)
+            objective = get_objective(cfg.objective.name, **_overrides(cfg))
+            train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
+            eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
+            engine = make_engine(
+                cfg.rollout.engine,
+                str(model_path),
+                cfg.precision.name,
+                seed=cfg.seed,
+                max_model_len=cfg.model.max_model_len,
+                max_topk=cfg.rollout.max_topk,
+                device=cfg.device,
+                kv_cache_gb=cfg.rollout.kv_cache_gb,
+                enforce_eager=cfg.rollout.enforce_eager,
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            )
+        except (ValueError, OSError, ImportError) as exc:
+            raise SetupError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) from exc
         engine.sync_weights(policy.state_dict())
         optimizer = torch.optim.AdamW(
             policy.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
@@ -142,51 +146,55 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
                     ).logp
 
             # --- mini-batch updates: the off-policy steps the trust region has to bound ---
-            # Rows whose advantage is 0 everywhere carry no gradient for any objective, so after the first
-            # mini-batch (kept whole: it measures the mismatch on an unbiased sample) they are skipped, and
-            # `scale` keeps the loss normalised by the full mini-batch, as if they had been there.
+            # Rows whose advantage is 0 everywhere carry no gradient for any objective: they are skipped, and
+            # `scale` keeps the loss normalised by the full mini-batch, as if they had been there. The mismatch is
+            # read off the first forward of the step (before any update); if no row had a signal, one gradient-
+            # free forward over the first mini-batch measures it instead.
             order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(cfg.seed + step))
             step_metrics: list[dict[str, float]] = []
             updates = 0
-            for k, rows in enumerate(order.chunk(t.minibatches)):
-                mb = batch.select(rows)
-                active = (mb.advantages != 0).any(1) | (k == 0)
-                if not bool(active.any()):
+            for rows in order.chunk(t.minibatches):
+                full_mask = batch.mask[rows]
+                active = (batch.advantages[rows] != 0).any(1)
+                measuring = not step_metrics  # nothing measured yet this step
+                if not bool(active.any()) and not measuring:
                     continue
-                full_mask = mb.mask
-                rows = rows[active]
+                if bool(active.any()):
+                    rows = rows[active]
                 mb = batch.select(rows)
-                lp = policy_logprobs(
-                    policy,
-                    mb,
-                    cfg.rollout.temperature,
-                    with_topk=objective.topk > 1,
-                    autocast_dtype=prec.train_autocast,
-                )
-                out = objective(
-                    logp=lp.logp,
-                    behavior_logp=mb.behavior_logp,
-                    advantages=mb.advantages,
-                    mask=mb.mask,
-                    old_logp=None if old_logp is None else old_logp[rows],
-                    topk_logp=lp.topk_logp,
-                    topk_behavior_logp=mb.topk_behavior_logp,
-                )
-                scale = _denominator(mb.mask, cfg.objective.agg) / _denominator(full_mask, cfg.objective.agg)
-                loss = aggregate(out.loss_mat, mb.mask, cfg.objective.agg, horizon) * scale
-                m = {key: float(v) for key, v in out.metrics.items()}
-                m.update({"optim/loss": float(loss.detach()), "rollout/entropy": _masked_mean(lp.entropy, mb.mask)})
-                if bool((mb.advantages != 0).any()):  # no signal, no step: Adam's momentum alone would move it
+                with torch.set_grad_enabled(bool(active.any())):
+                    lp = policy_logprobs(
+                        policy,
+                        mb,
+                        cfg.rollout.temperature,
+                        with_topk=objective.topk > 1,
+                        autocast_dtype=prec.train_autocast,
+                    )
+                m = {"rollout/entropy": _masked_mean(lp.entropy, mb.mask)}
+                if measuring:  # before the step's first update: the pure training-inference mismatch
+                    m.update(_mismatch(lp.logp.detach(), mb))
+                if bool(active.any()):
+                    out = objective(
+                        logp=lp.logp,
+                        behavior_logp=mb.behavior_logp,
+                        advantages=mb.advantages,
+                        mask=mb.mask,
+                        old_logp=None if old_logp is None else old_logp[rows][:, : mb.mask.shape[1]],
+                        topk_logp=lp.topk_logp,
+                        topk_behavior_logp=mb.topk_behavior_logp,
+                    )
+                    scale = _denominator(mb.mask, cfg.objective.agg) / _denominator(full_mask, cfg.objective.agg)
+                    loss = aggregate(out.loss_mat, mb.mask, cfg.objective.agg, horizon) * scale
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    m["optim/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), t.grad_clip))
+                    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), t.grad_clip)
                     optimizer.step()
                     updates += 1
                     if cfg.rollout.sync == "step":
                         engine.sync_weights(policy.state_dict())
-                if k == 0:  # before the step's first update: the pure training-inference mismatch
-                    m.update(_mismatch(lp.logp.detach(), mb))
-                m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), mb)
+                    m.update({key: float(v) for key, v in out.metrics.items()})
+                    m.update({"optim/loss": float(loss.detach()), "optim/grad_norm": float(grad_norm)})
+                    m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), mb)
                 step_metrics.append(m)
 
             # --- weight sync: the engine's copy follows the trainer (through the precision's transform) ---

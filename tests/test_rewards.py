@@ -133,7 +133,10 @@ def test_pathological_input_is_killed_off_the_main_thread():
 
 def test_tiny_limit_times_out_legit_inputs():
     # One parse + verify takes ~0.3-1 ms, so a 0.1 ms limit cuts nearly all of them: the limit is really applied.
-    result = grade([f"\\boxed{{{i}}}" for i in range(100)], [str(i) for i in range(100)], timeout_s=1e-4)
+    # (Fractions, because integer-vs-integer answers take a fast path that never reaches math-verify.)
+    result = grade(
+        [f"\\boxed{{\\frac{{{i}}}{{7}}}}" for i in range(100)], [f"{i}/7" for i in range(100)], timeout_s=1e-4
+    )
     assert result.metrics["reward/timeout_frac"] > 0.5
     assert not any(c and t for c, t in zip(result.correct, result.timed_out, strict=True))
 

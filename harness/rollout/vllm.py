@@ -69,7 +69,9 @@ class VLLMEngine:
         cpu_threads: int | None = 1,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # ERROR: on CPU vLLM warns at every weight sync (rotary buffers are not weights) and about missing
+        # tcmalloc/triton; those lines would bury the progress bar. VLLM_LOGGING_LEVEL=INFO brings them back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         try:
             import vllm
         except ImportError:
@@ -99,6 +101,9 @@ class VLLMEngine:
                 logprobs_mode="processed_logprobs",
                 max_logprobs=max_topk,
                 use_tqdm_on_load=False,
+                # Chunked prefill splits a long prompt across engine steps, and with per-request seeds the CPU
+                # sampler then fails ("CPU Generator does not use offset"): AIME-length prompts hit it.
+                enable_chunked_prefill=False,
                 **memory,
             )
         finally:
