@@ -90,7 +90,7 @@ def test_bad_model_paths_fail_with_one_line(tmp_path, trained_run):
     (empty_run / ".hydra" / "config.yaml").write_text((trained_run / ".hydra" / "config.yaml").read_text())
     (tmp_path / "junk").mkdir()
     cases = [
-        (str(tmp_path / "nope"), FileNotFoundError, r"model.path: '.*nope' does not exist"),
+        (str(tmp_path / "nope"), ValueError, r"model.path: '.*nope' does not exist"),  # validate() catches it
         (str(tmp_path / "junk"), ValueError, r"neither a run directory .* nor a model folder"),
         (str(empty_run), FileNotFoundError, r"has no checkpoint under checkpoints/"),
     ]
