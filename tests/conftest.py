@@ -53,6 +53,17 @@ def compose(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg, resolve=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Test models are tiny, and two OpenMP threads slow down ~15x when another process holds a core."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def small_model() -> list[str]:
     """Overrides selecting the small tiny model, built (or found in the cache) once per session."""

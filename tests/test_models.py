@@ -24,15 +24,6 @@ SMALL = TinyModelConfig(
 TASK = ArithConfig(kinds=("add", "add_mul"), n_eval=40)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The machine's cores are shared; two threads under contention run ~15x slower than one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     return build_tiny(SMALL, TASK, tmp_path_factory.mktemp("cache"), progress=False)

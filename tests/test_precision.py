@@ -22,20 +22,17 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The machine's 2 cores are shared: one intra-op thread avoids OMP spin-wait contention on tiny matmuls.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny() -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, tie_word_embeddings=True,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config)
@@ -45,7 +42,11 @@ def test_table() -> None:
     assert precision.PRECISIONS == ("fp32", "bf16", "fp8_rollout", "fp8_e2e")
     fp32, bf16, fp8r, fp8e = (precision.get(name) for name in precision.PRECISIONS)
     assert (fp32.rollout_dtype, fp32.train_autocast, fp32.rollout_fp8, fp32.train_fp8) == (
-        torch.float32, None, False, False)
+        torch.float32,
+        None,
+        False,
+        False,
+    )
     assert (bf16.rollout_dtype, bf16.train_autocast, bf16.rollout_fp8) == (torch.bfloat16, torch.bfloat16, False)
     assert fp8r.rollout_fp8 and not fp8r.train_fp8 and fp8r.train_autocast == torch.bfloat16
     assert fp8e.rollout_fp8 and fp8e.train_fp8 and fp8e.rollout_dtype == torch.bfloat16

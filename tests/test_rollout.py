@@ -30,9 +30,18 @@ def build_tiny_model(path: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>").save_pretrained(path)
     config = Qwen3Config(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=EOS,
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        bos_token_id=EOS,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -45,15 +54,6 @@ def build_tiny_model(path: Path) -> None:
             model.model.embed_tokens.weight[EOS] = 3.0 * direction / direction.norm()
     model.generation_config = GenerationConfig(eos_token_id=EOS, pad_token_id=PAD, bos_token_id=EOS)
     model.save_pretrained(path)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The machine's 2 cores are shared: one intra-op thread avoids OMP spin-wait contention on tiny matmuls.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +261,8 @@ def test_engines_agree_on_the_same_tokens(hf_engine: HFEngine, vllm_engine) -> N
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"n": 0}, {"max_new_tokens": 0}, {"topk": 0}, {"topk": 21}, {"temperature": 0.0},
-               {"max_new_tokens": 125}],
+    "kwargs",
+    [{"n": 0}, {"max_new_tokens": 0}, {"topk": 0}, {"topk": 21}, {"temperature": 0.0}, {"max_new_tokens": 125}],
 )
 def test_bad_generate_arguments(engine, kwargs: dict) -> None:
     args = {"n": 1, "max_new_tokens": 4} | kwargs
