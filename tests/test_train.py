@@ -161,3 +161,4 @@ def test_sweep_from_the_command_line(tmp_path, small_model):
         s = json.loads(path.read_text())
         assert s["status"] == "completed" and s["steps"] == 3
     assert {p.parent.name.split(",")[0] for p in summaries} == {"objective=dppo", "objective=drpo"}  # swept axis first
+
