@@ -31,7 +31,7 @@ from safetensors import safe_open
 
 from harness.config import ModelConfig, RunConfig, validate
 from harness.evaluate import evaluate
-from harness.rollout import make_engine
+from harness.rollout import engine_from_config
 from harness.rollout.base import load_tokenizer
 from harness.runlog import RunLog
 from harness.tasks import load_benchmark, render_prompts
@@ -146,16 +146,8 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
         problems = load_benchmark(cfg.benchmark, cfg.data)
         tokenizer = load_tokenizer(src.base)[0]
         prompts = render_prompts(tokenizer, problems, src.template)
-        engine = make_engine(
-            cfg.rollout.engine,
-            src.base,
-            cfg.precision.name,
-            seed=cfg.seed,
-            max_model_len=src.model.max_model_len,
-            max_topk=cfg.rollout.max_topk,
-            device=cfg.device,
-            kv_cache_gb=cfg.rollout.kv_cache_gb,
-            enforce_eager=cfg.rollout.enforce_eager,
+        engine = engine_from_config(
+            cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
         )
         if src.weights is not None:
             engine.sync_weights(read_weights(src.weights))

@@ -63,9 +63,7 @@ class LogProbOutput:
     topk_logp: Tensor | None
 
 
-def token_logprobs(
-    logits: Tensor, ids: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
-) -> Tensor:
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, chunk_rows: int | None = None) -> Tensor:
     """``log_softmax(logits / temperature)`` at ``ids``: logits [..., V], ids [...] -> float32 [...].
 
     Differentiable w.r.t. ``logits``; the backward pass needs no full-vocab fp32 buffer either.
@@ -83,9 +81,7 @@ def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_rows: int | No
     return stats.entropy.reshape(logits.shape[:-1])
 
 
-def gather_logprobs(
-    logits: Tensor, ids: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
-) -> Tensor:
+def gather_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, chunk_rows: int | None = None) -> Tensor:
     """Log-probs at several ids per position: logits [..., V], ids [..., K] -> float32 [..., K], no grad.
 
     For the DPPO Top-K divergence, which only builds a detached mask.

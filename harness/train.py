@@ -28,7 +28,7 @@ from harness.evaluate import evaluate
 from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy
 from harness.objectives import aggregate, get_objective
 from harness.rewards import grade
-from harness.rollout import make_engine
+from harness.rollout import engine_from_config
 from harness.runlog import RunLog, WandbSettings, read_jsonl
 from harness.tasks import arith_config, load_problems, render_prompts
 from harness.tasks.arith import balanced_sample
@@ -55,17 +55,8 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             objective = get_objective(cfg.objective.name, **_overrides(cfg))
             train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
             eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
-            engine = make_engine(
-                cfg.rollout.engine,
-                str(model_path),
-                cfg.precision.name,
-                seed=cfg.seed,
-                max_model_len=cfg.model.max_model_len,
-                max_topk=cfg.rollout.max_topk,
-                device=cfg.device,
-                kv_cache_gb=cfg.rollout.kv_cache_gb,
-                enforce_eager=cfg.rollout.enforce_eager,
-                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            engine = engine_from_config(
+                cfg.rollout, str(model_path), cfg.precision.name, cfg.seed, cfg.model.max_model_len, cfg.device
             )
         except (ValueError, OSError, ImportError) as exc:
             raise SetupError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) from exc

@@ -152,3 +152,22 @@ def test_outer_alarm_is_left_alone():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+ADVERSARIAL = {
+    "200 kB of nested braces": "\\boxed{" + "{" * 100_000 + "}" * 100_000 + "}",
+    "tower of powers": "\\boxed{10^{10^{10^{10}}}}",
+    "huge factorial": "\\boxed{99999!}",
+    "unbalanced latex": "\\boxed{\\frac{1}{\\left( 2 \\right.}",
+    "NUL bytes": "\\boxed{4\x002}",
+    "invalid UTF-8 (surrogate escapes)": b"\\boxed{\xff\xfe42}".decode("utf-8", "surrogateescape"),
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_adversarial_completions_finish_within_the_limit(name):
+    t0 = time.perf_counter()
+    result = grade([ADVERSARIAL[name]], ["42"], timeout_s=1.0)
+    elapsed = time.perf_counter() - t0
+    assert result.rewards == [0.0]
+    assert elapsed < 1.0 + 0.5, f"{name}: {elapsed:.2f} s"

@@ -12,14 +12,12 @@ from harness.rollout.hf import HFEngine
 
 ENGINES = ("hf", "vllm")
 # Settings only vLLM has; the HF engine ignores them so one call site serves both engines.
-_VLLM_ONLY = ("kv_cache_gb", "enforce_eager", "gpu_memory_utilization")
+_VLLM_ONLY = ("kv_cache_gb", "enforce_eager", "gpu_memory_utilization", "cpu_threads")
 
-__all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "ScoringEngine", "make_engine"]
+__all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "ScoringEngine", "engine_from_config", "make_engine"]
 
 
-def make_engine(
-    kind: str, model_path: str, precision: str, seed: int, max_model_len: int, **kw: Any
-) -> RolloutEngine:
+def make_engine(kind: str, model_path: str, precision: str, seed: int, max_model_len: int, **kw: Any) -> RolloutEngine:
     """Build a rollout engine whose weight copy follows `precision` (see harness/precision.py).
 
     kw go to the engine: max_topk, device ("cpu" or "cuda"; default: cuda if available), and for vLLM
@@ -33,8 +31,13 @@ def make_engine(
         for key in _VLLM_ONLY:
             kw.pop(key, None)
         return HFEngine(
-            model_path, spec.rollout_dtype, precisions.rollout_weight_transform(precision), seed,
-            max_model_len=max_model_len, device=device, **kw,
+            model_path,
+            spec.rollout_dtype,
+            precisions.rollout_weight_transform(precision),
+            seed,
+            max_model_len=max_model_len,
+            device=device,
+            **kw,
         )
     from harness.rollout.vllm import VLLMEngine
 
@@ -42,6 +45,29 @@ def make_engine(
     # vLLM's own fp8 (GPU) quantizes the copy itself; fake-quant on top would round twice.
     transform = None if "quantization" in vllm_kw else precisions.rollout_weight_transform(precision)
     return VLLMEngine(
-        model_path, vllm_kw["dtype"], transform, seed, max_model_len=max_model_len,
-        quantization=vllm_kw.get("quantization"), device=device, **kw,
+        model_path,
+        vllm_kw["dtype"],
+        transform,
+        seed,
+        max_model_len=max_model_len,
+        quantization=vllm_kw.get("quantization"),
+        device=device,
+        **kw,
+    )
+
+
+def engine_from_config(rollout: Any, model_path: str, precision: str, seed: int, max_model_len: int, device: str):
+    """`make_engine` with the settings of a `rollout` config group (harness.config.RolloutConfig)."""
+    return make_engine(
+        rollout.engine,
+        model_path,
+        precision,
+        seed=seed,
+        max_model_len=max_model_len,
+        max_topk=rollout.max_topk,
+        device=device,
+        kv_cache_gb=rollout.kv_cache_gb,
+        enforce_eager=rollout.enforce_eager,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        cpu_threads=rollout.threads,
     )

@@ -66,9 +66,7 @@ class ScoringEngine(RolloutEngine, Protocol):
     Check with `isinstance(engine, ScoringEngine)`; both built-in engines implement it.
     """
 
-    def score(
-        self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
-    ) -> torch.Tensor:
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
         """[B, T] float32 log-prob of responses[b][t] given prompts[b] + responses[b][:t]; 0 past each response."""
         ...
 

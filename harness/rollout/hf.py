@@ -105,14 +105,20 @@ class HFEngine:
         response_ids = out.sequences[:, input_ids.shape[1] :]
         logp, topk_ids, topk_logp = _logp_and_topk(out.logits, response_ids, topk, temperature)
         return assemble_rollout(
-            prompts, n, response_ids.cpu(), mask_through_first_eos(response_ids, self.eos_ids).cpu(),
-            logp.cpu(), topk_ids.cpu(), topk_logp.cpu(), self.eos_ids.cpu(), self.pad_id, self._decode,
+            prompts,
+            n,
+            response_ids.cpu(),
+            mask_through_first_eos(response_ids, self.eos_ids).cpu(),
+            logp.cpu(),
+            topk_ids.cpu(),
+            topk_logp.cpu(),
+            self.eos_ids.cpu(),
+            self.pad_id,
+            self._decode,
         )
 
     # --- teacher forcing ---
-    def score(
-        self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
-    ) -> torch.Tensor:
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
         """[B, T] float32 log-probs of each response token under this engine's weights; 0 past each response."""
         if len(prompts) != len(responses) or any(len(r) == 0 for r in responses):
             raise ValueError("score: need one non-empty response per prompt")

@@ -169,9 +169,16 @@ class VLLMEngine:
         response_ids = pad_ragged(ids, self.pad_id, torch.long)
         mask = pad_ragged([np.ones(len(r), dtype=np.float32) for r in ids], 0.0, torch.float32)
         return assemble_rollout(
-            prompts, n, response_ids, mask, pad_ragged(logps, 0.0, torch.float32),
-            pad_ragged(top_ids, 0, torch.long), pad_ragged(top_logps, 0.0, torch.float32),
-            self.eos_ids, self.pad_id, self._decode,
+            prompts,
+            n,
+            response_ids,
+            mask,
+            pad_ragged(logps, 0.0, torch.float32),
+            pad_ragged(top_ids, 0, torch.long),
+            pad_ragged(top_logps, 0.0, torch.float32),
+            self.eos_ids,
+            self.pad_id,
+            self._decode,
         )
 
     def _sampling_params(self, n: int, max_new_tokens: int, topk: int, temperature: float, seed: int) -> Any:
@@ -190,9 +197,7 @@ class VLLMEngine:
         )
 
     # --- teacher forcing ---
-    def score(
-        self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
-    ) -> torch.Tensor:
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
         """[B, T] float32 log-probs of each response token (vLLM prompt log-probs); 0 past each response."""
         if len(prompts) != len(responses) or any(len(r) == 0 for r in responses):
             raise ValueError("score: need one non-empty response per prompt")
