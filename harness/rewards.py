@@ -62,7 +62,8 @@ _LATEX_ONLY = (LatexExtractionConfig(),)
 # `\{` and `\}` are literal braces in LaTeX; matching them first keeps them out of the depth count.
 _BOX_TOKEN_RE = re.compile(r"\\[{}]|\\boxed\s*\{|\{|\}")
 
-_INT = re.compile(r"\s*[+-]?\d{1,30}\s*")
+# ASCII only: `\d` and `\s` would also match characters int() rejects (a model emitted "\x1f30" once).
+_INT = re.compile(r"[ ]*[+-]?[0-9]{1,30}[ ]*")
 
 # Per-completion outcome codes, shared by the in-process and the pool paths.
 _CORRECT, _WRONG, _NO_ANSWER, _TIMEOUT, _BAD_GOLD = range(5)
@@ -130,7 +131,7 @@ def grade(
         if require_boxed and _INT.fullmatch(target) and _INT.fullmatch(str(answers[i])):
             # Integer against integer (every AIME and arith answer): math-verify would compare the same numbers
             # (it also accepts "042" for 42), at ~4 ms a call through latex2sympy; this takes microseconds.
-            codes[i] = _CORRECT if int(target) == int(str(answers[i])) else _WRONG
+            codes[i] = _CORRECT if int(target.strip(" ")) == int(str(answers[i]).strip(" ")) else _WRONG
             continue
         jobs.append((i, f"\\boxed{{{target}}}" if require_boxed else target, str(answers[i])))
 

@@ -171,3 +171,10 @@ def test_adversarial_completions_finish_within_the_limit(name):
     elapsed = time.perf_counter() - t0
     assert result.rewards == [0.0]
     assert elapsed < 1.0 + 0.5, f"{name}: {elapsed:.2f} s"
+
+
+def test_integer_fast_path_only_takes_plain_ascii_integers():
+    # "\x1f30" once crashed int(); Unicode digits and control characters go to math-verify instead.
+    result = grade(["\\boxed{\x1f30}", "\\boxed{٣}", "\\boxed{ 30 }", "\\boxed{+30}"], ["30", "3", "30", "30"])
+    assert result.correct[2:] == [True, True]
+    assert len(result.rewards) == 4
