@@ -38,7 +38,7 @@ from harness.tasks.arith import ArithConfig, Problem, balanced_sample, demonstra
 from harness.tasks.templates import render
 
 # Bump when the build procedure changes, so stale cached models are not reused under the same configs.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 EOS, USER, ASSISTANT, PAD = "<|end|>", "<|user|>", "<|assistant|>", "<|pad|>"
 SPECIAL_TOKENS = (EOS, USER, ASSISTANT, PAD)  # ids 0..3, in this order

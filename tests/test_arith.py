@@ -9,8 +9,8 @@ from harness.tasks.arith import ArithConfig, Problem, balanced_sample, demonstra
 
 
 def _value(question: str) -> int:
-    # Evaluate "What is a+b?", "a*b" or "a+b*c" by hand (no eval), with * binding tighter than +.
-    expr = re.fullmatch(r"What is ([\d+*]+)\?", question).group(1)
+    # Evaluate "a+b", "a*b" or "a+b*c" by hand (no eval), with * binding tighter than +.
+    expr = re.fullmatch(r"([\d+*]+)", question).group(1)
     return sum(_product(term) for term in expr.split("+"))
 
 
@@ -59,9 +59,9 @@ def test_difficulty_knobs():
 
 
 def test_demonstrations_format_and_grade_correct():
-    add_mul = Problem(id="add_mul:3+4*5", question="What is 3+4*5?", answer="23", kind="add_mul")
+    add_mul = Problem(id="add_mul:3+4*5", question="3+4*5", answer="23", kind="add_mul")
     assert demonstration(add_mul) == "4*5=20 3+20=23 \\boxed{23}"
-    assert demonstration(Problem(id="mul:7*8", question="What is 7*8?", answer="56", kind="mul")) == "\\boxed{56}"
+    assert demonstration(Problem(id="mul:7*8", question="7*8", answer="56", kind="mul")) == "\\boxed{56}"
     train, held_out = make_splits(ArithConfig())
     sample = held_out + train[::25]
     result = grade([demonstration(p) for p in sample], [p.answer for p in sample], [True] * len(sample))

@@ -6,7 +6,7 @@ Three kinds of problem, each a small fact table so a 2.6M-param model can learn 
 - ``mul``: ``a*b`` with a, b in 0..``mul_max`` and product <= 999 (3,390 problems).
 - ``add_mul``: ``a+b*c`` with 1-digit operands (1,000 problems); its demonstration is a scratchpad.
 
-The split is by problem: every problem is enumerated once, shuffled per kind with a seeded RNG, and the first
+The question is the bare expression (``3+4*5``); the chat template frames it. The split is by problem: every problem is enumerated once, shuffled per kind with a seeded RNG, and the first
 ``n_eval / len(kinds)`` of each kind form the held-out set, so train and eval never share a question.
 """
 
@@ -131,7 +131,9 @@ def _enumerate(kind: str, cfg: ArithConfig) -> list[Problem]:
 
 
 def _problem(kind: str, expr: str, value: int) -> Problem:
-    return Problem(id=f"{kind}:{expr}", question=f"What is {expr}?", answer=str(value), kind=kind)
+    # The bare expression, as in the recipe: a "What is ...?" wrapper spends BPE merges on the wrapper and gave a
+    # more peaked warm start (T=1 18% / greedy 23% / pass@8 56% vs 25% / 35% / 66% bare, SFT step 300).
+    return Problem(id=f"{kind}:{expr}", question=expr, answer=str(value), kind=kind)
 
 
 def _is_int(x: object) -> bool:
