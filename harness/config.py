@@ -149,6 +149,13 @@ class TrainerConfig:
     resume: bool = field(default=False, metadata={"help": "continue from the run directory's last checkpoint"})
     threads: int | None = field(default=None, metadata={"ge": 1, "help": "torch threads; null = all cores"})
     samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
+    tokens_per_eval: int = field(
+        default=2000,
+        metadata={
+            "ge": 0,
+            "help": "response tokens (A != 0) of each evaluation step's first mini-batch kept in tokens.parquet",
+        },
+    )
 
 
 @dataclass(frozen=True)

@@ -70,13 +70,13 @@ def resolve_wandb_mode(settings: WandbSettings | None) -> str:
 # --- atomic files -------------------------------------------------------------------------------------------
 
 
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """Replace `path` with `text` so readers see the old or the new file, never a half-written one."""
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Replace `path` with `data` so readers see the old or the new file, never a half-written one."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -84,6 +84,11 @@ def atomic_write_text(path: Path | str, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_path(path.parent)  # makes the rename itself survive a power cut
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """atomic_write_bytes of `text` as UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:

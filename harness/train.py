@@ -32,6 +32,7 @@ from harness.rollout import engine_from_config
 from harness.runlog import RunLog, WandbSettings, read_jsonl
 from harness.tasks import arith_config, load_problems, render_prompts
 from harness.tasks.arith import balanced_sample
+from harness.tokens import TokenSamples, token_rows
 
 BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
 
@@ -73,6 +74,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             done_steps = int(state["step"]) if state else 0
             log.truncate_after(done_steps if state else -1)
             engine.sync_weights(policy.state_dict())
+        tokens = TokenSamples(run_dir, resume_after=done_steps)
         best, last_eval = _eval_scores(run_dir, f"avg@{cfg.eval.n}")[1], None
         eval_kw = dict(
             n=cfg.eval.n,
@@ -144,6 +146,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(cfg.seed + step))
             step_metrics: list[dict[str, float]] = []
             updates = 0
+            sample_tokens = t.tokens_per_eval > 0 and (step % t.eval_every == 0 or step == t.total_steps)
             for rows in order.chunk(t.minibatches):
                 full_mask = batch.mask[rows]
                 active = (batch.advantages[rows] != 0).any(1)
@@ -165,15 +168,20 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
                 if measuring:  # before the step's first update: the pure training-inference mismatch
                     m.update(_mismatch(lp.logp.detach(), mb))
                 if bool(active.any()):
+                    mb_old = None if old_logp is None else old_logp[rows][:, : mb.mask.shape[1]]
                     out = objective(
                         logp=lp.logp,
                         behavior_logp=mb.behavior_logp,
                         advantages=mb.advantages,
                         mask=mb.mask,
-                        old_logp=None if old_logp is None else old_logp[rows][:, : mb.mask.shape[1]],
+                        old_logp=mb_old,
                         topk_logp=lp.topk_logp,
                         topk_behavior_logp=mb.topk_behavior_logp,
                     )
+                    if sample_tokens:  # the first update of an evaluation step: pi is still the rollout's weights
+                        sample_tokens = False
+                        gen = torch.Generator().manual_seed(cfg.seed + step)
+                        tokens.add(token_rows(step, out.loss_mat, lp, mb, mb_old, t.tokens_per_eval, gen))
                     scale = _denominator(mb.mask, cfg.objective.agg) / _denominator(full_mask, cfg.objective.agg)
                     loss = aggregate(out.loss_mat, mb.mask, cfg.objective.agg, horizon) * scale
                     optimizer.zero_grad(set_to_none=True)

@@ -44,6 +44,26 @@ def test_two_steps_of_every_objective(tmp_path, small_model, objective):
     assert [e["step"] for e in evals] == [0, 1, 2] and all(0 <= e["avg@1"] <= 1 for e in evals)
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["status"] == "completed" and final["final_score"] == evals[-1]["avg@1"]
+    check_token_samples(run_dir, objective, trained_steps={r["step"] for r in trained})
+
+
+def check_token_samples(run_dir, objective: str, trained_steps: set[int]) -> None:
+    """tokens.parquet holds the trained evaluation steps, and its autograd weight is the objective's own."""
+    import numpy as np
+    import pandas as pd
+
+    toks = pd.read_parquet(run_dir / "tokens.parquet") if trained_steps else None
+    if toks is None:
+        return
+    assert set(toks["step"]) == trained_steps  # eval_every=1: every trained step is sampled
+    assert ((toks["mu"] > 0) & (toks["mu"] <= 1) & (toks["pi"] > 0) & (toks["pi"] <= 1)).all()
+    assert (toks["adv"] != 0).all() and (toks["kept"] == (toks["weight"] != 0)).all()
+    ratio = (toks["pi"] / toks["mu"]).to_numpy()
+    weight = toks["weight"].to_numpy()
+    if objective == "pg_is":  # the gradient is A * (pi/mu) * grad log pi on every token
+        assert toks["kept"].all() and np.allclose(weight, ratio, rtol=1e-4)
+    if objective in ("grpo", "ppo", "dppo", "dppo_kl", "minirl"):  # a mask method keeps r or drops the token
+        assert np.all(np.isclose(weight, 0) | np.isclose(weight, ratio, rtol=1e-4))
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +145,11 @@ def test_resume_continues_without_duplicates_and_matches_an_uninterrupted_run(tm
     assert summary["status"] == "completed"
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [e["step"] for e in read_jsonl(run_dir / "eval.jsonl")] == [0, 2, 4]
+    import pandas as pd
+
+    straight = pd.read_parquet(tmp_path / "straight" / "tokens.parquet")
+    resumed = pd.read_parquet(run_dir / "tokens.parquet")
+    assert sorted(set(resumed["step"])) == sorted(set(straight["step"])) and len(resumed) == len(straight)
     a = load_file(tmp_path / "straight" / "checkpoints" / "step_4" / "model.safetensors")
     b = load_file(run_dir / "checkpoints" / "step_4" / "model.safetensors")
     assert all(torch_equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
