@@ -189,7 +189,14 @@ class RewardConfig:
         },
     )
     timeout_s: float = field(default=5.0, metadata={"gt": 0, "help": "hard limit on grading one completion"})
-    workers: int = field(default=1, metadata={"ge": 1, "help": "grading processes; 1 = in-process"})
+    workers: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "grading processes: 0 = one per core, 1 = in-process; integer answers skip math-verify and "
+            "never start one",
+        },
+    )
 
     def grade_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `harness.rewards.grade` for this config."""

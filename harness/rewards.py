@@ -83,6 +83,8 @@ class GradeResult:
     what majority voting counts."""
     metrics: dict[str, float]
     """``reward/format_fail_frac``, ``reward/timeout_frac``, ``reward/truncated_frac`` (fractions of all)."""
+    processes: int = 0
+    """Worker processes that graded at least one completion (0: all graded in this process)."""
 
 
 def grade(
@@ -100,7 +102,8 @@ def grade(
     """Grade each completion against its gold answer (a LaTeX string such as ``42`` or ``\\frac{1}{2}``).
 
     ``finished[i]`` False marks a truncated completion (reward ``wrong``). ``timeout_s`` limits parse + verify of
-    one completion. ``workers > 1`` grades in that many processes in parallel. ``fallback_pattern``: see the
+    one completion. ``workers > 1`` grades in that many processes in parallel, ``0`` in one per core, ``1`` in
+    this process (with signal.alarm limits when on the main thread). ``fallback_pattern``: see the
     module docstring."""
     n = len(completions)
     if len(answers) != n or (finished is not None and len(finished) != n):
@@ -110,8 +113,7 @@ def grade(
         )
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"grade: timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"grade: workers must be an integer >= 1, got {workers!r}")
+    workers = _worker_count(workers, "grade")
     fallback = compile_fallback(fallback_pattern)
 
     codes = [_WRONG] * n
@@ -135,11 +137,12 @@ def grade(
             continue
         jobs.append((i, f"\\boxed{{{target}}}" if require_boxed else target, str(answers[i])))
 
+    processes = 0
     if jobs:
         if workers == 1 and _signals_usable():
             results = _grade_with_alarm(jobs, timeout_s)
         else:
-            results = _pool_grade(jobs, timeout_s, workers)
+            results, processes = _pool_grade(jobs, timeout_s, workers)
         for i, code in results.items():
             if code == _BAD_GOLD:
                 raise ValueError(f"grade: gold answer {answers[i]!r} (index {i}) is not parsable by math-verify")
@@ -161,6 +164,7 @@ def grade(
             "reward/timeout_frac": frac(timed_out),
             "reward/truncated_frac": frac(truncated),
         },
+        processes=processes,
     )
 
 
@@ -174,11 +178,18 @@ def gradable(answers: list[str], *, timeout_s: float = 5.0, workers: int = 1) ->
             jobs.append((i, f"\\boxed{{{target}}}", str(answer)))
     if not jobs:
         return [False] * len(answers)
+    workers = _worker_count(workers, "gradable")
     if workers == 1 and _signals_usable():
         results = _grade_with_alarm(jobs, timeout_s)
     else:
-        results = _pool_grade(jobs, timeout_s, workers)
+        results, _ = _pool_grade(jobs, timeout_s, workers)
     return [results.get(i) == _CORRECT for i in range(len(answers))]
+
+
+def _worker_count(workers: object, where: str) -> int:
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise ValueError(f"{where}: workers must be an integer >= 0 (0 = one per core), got {workers!r}")
+    return workers or os.cpu_count() or 1
 
 
 def compile_fallback(pattern: str | None) -> re.Pattern[str] | None:
@@ -387,7 +398,8 @@ class _Pool:
         self._workers: list[_Worker] = []
         self.lock = threading.Lock()
 
-    def grade(self, jobs: list[tuple[int, str, str]], timeout_s: float, size: int) -> dict[int, int]:
+    def grade(self, jobs: list[tuple[int, str, str]], timeout_s: float, size: int) -> tuple[dict[int, int], int]:
+        """(code per job index, how many distinct worker processes answered at least one job)."""
         try:
             return self._grade(jobs, timeout_s, size)
         except BaseException:
@@ -397,7 +409,7 @@ class _Pool:
             self._workers = []
             raise
 
-    def _grade(self, jobs: list[tuple[int, str, str]], timeout_s: float, size: int) -> dict[int, int]:
+    def _grade(self, jobs: list[tuple[int, str, str]], timeout_s: float, size: int) -> tuple[dict[int, int], int]:
         while len(self._workers) < size:
             self._workers.append(_Worker())
         active = self._workers[: min(size, len(jobs))]
@@ -406,6 +418,7 @@ class _Pool:
         for k, w in enumerate(active):
             w.submit(jobs[k :: len(active)])
         results: dict[int, int] = {}
+        answered_by: set[int] = set()
         while any(w.pending for w in active):
             busy = [w for w in active if w.pending]
             deadline = min(w.last_progress for w in busy) + timeout_s
@@ -420,12 +433,13 @@ class _Pool:
                         self._replace(w, active, results)
                         continue
                     results[i] = code
+                    answered_by.add(w.process.pid)
                     w.pending.pop(0)
                     w.last_progress = time.monotonic()
                 # poll(): an answer may have arrived while another worker was being replaced (which blocks).
                 elif time.monotonic() - w.last_progress >= timeout_s and not w.conn.poll():
                     self._replace(w, active, results)
-        return results
+        return results, len(answered_by)
 
     def _replace(self, worker: _Worker, active: list[_Worker], results: dict[int, int]) -> None:
         """Kill a worker stuck on (or dead at) its first pending item; its other items go to a fresh one."""
@@ -450,7 +464,7 @@ _POOL = _Pool()
 atexit.register(_POOL.close)
 
 
-def _pool_grade(jobs: list[tuple[int, str, str]], timeout_s: float, workers: int) -> dict[int, int]:
+def _pool_grade(jobs: list[tuple[int, str, str]], timeout_s: float, workers: int) -> tuple[dict[int, int], int]:
     with _POOL.lock:  # one grading call at a time owns the workers
         return _POOL.grade(jobs, timeout_s, workers)
 

@@ -1,3 +1,4 @@
+import os
 import signal
 import threading
 import time
@@ -96,7 +97,7 @@ def test_empty_and_mismatched_inputs():
     with pytest.raises(ValueError, match="timeout_s"):
         grade(["\\boxed{1}"], ["1"], timeout_s=0)
     with pytest.raises(ValueError, match="workers"):
-        grade(["\\boxed{1}"], ["1"], workers=0)
+        grade(["\\boxed{1}"], ["1"], workers=-1)
     with pytest.raises(ValueError, match="gold answer"):
         grade(["\\boxed{1}"], ["\\frac{"])
 
@@ -178,3 +179,13 @@ def test_integer_fast_path_only_takes_plain_ascii_integers():
     result = grade(["\\boxed{\x1f30}", "\\boxed{٣}", "\\boxed{ 30 }", "\\boxed{+30}"], ["30", "3", "30", "30"])
     assert result.correct[2:] == [True, True]
     assert len(result.rewards) == 4
+
+
+def test_grading_512_completions_uses_every_core():
+    # Fractions go through math-verify (integers take a fast path that needs no worker).
+    answers = [f"\\frac{{{i % 13 + 1}}}{{{i % 7 + 2}}}" for i in range(512)]
+    completions = [f"so \\boxed{{{a}}}" if i % 4 else "\\boxed{\\frac{1}{1000}}" for i, a in enumerate(answers)]
+    result = grade(completions, answers, workers=0)
+    assert result.processes == os.cpu_count()
+    assert result.correct == [i % 4 != 0 for i in range(512)]
+    assert grade(["\\boxed{7}"], ["7"], workers=0).processes == 0  # the integer fast path starts no worker
