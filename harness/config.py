@@ -149,6 +149,18 @@ class TrainerConfig:
     resume: bool = field(default=False, metadata={"help": "continue from the run directory's last checkpoint"})
     threads: int | None = field(default=None, metadata={"ge": 1, "help": "torch threads; null = all cores"})
     samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
+    max_bad_steps: int = field(
+        default=3,
+        metadata={
+            "ge": 1,
+            "help": "consecutive skipped updates (non-finite loss or gradient) after which the run stops, failed, "
+            "with a checkpoint of the last good weights",
+        },
+    )
+    nan_at_steps: tuple[int, ...] = field(
+        default=(),
+        metadata={"help": "fault injection (tests, drills): every update of these steps gets a NaN loss"},
+    )
     tokens_per_eval: int = field(
         default=2000,
         metadata={

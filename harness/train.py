@@ -37,6 +37,10 @@ from harness.tokens import TokenSamples, token_rows
 BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
 
 
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates had a NaN/inf loss or gradient; the last good weights are checkpointed."""
+
+
 def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
     """Train per `cfg`, writing everything into `run_dir`. Returns the summary written to summary.json."""
     t_start = time.time()
@@ -69,9 +73,11 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
         # Steps count from 1: metrics row k, the evaluation at k and checkpoint k all describe the weights after
         # k updates; step 0 is the evaluation before training.
         done_steps = 0
+        skipped, bad_streak = 0, 0  # updates skipped for a non-finite loss/gradient: in total, in a row
         if t.resume:
             state = load_latest(run_dir, policy, optimizer)  # also restores the RNG streams
             done_steps = int(state["step"]) if state else 0
+            skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
             log.truncate_after(done_steps if state else -1)
             engine.sync_weights(policy.state_dict())
         tokens = TokenSamples(run_dir, resume_after=done_steps)
@@ -184,13 +190,31 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
                         tokens.add(token_rows(step, out.loss_mat, lp, mb, mb_old, t.tokens_per_eval, gen))
                     scale = _denominator(mb.mask, cfg.objective.agg) / _denominator(full_mask, cfg.objective.agg)
                     loss = aggregate(out.loss_mat, mb.mask, cfg.objective.agg, horizon) * scale
+                    if step in t.nan_at_steps:
+                        loss = loss * math.nan
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), t.grad_clip)
-                    optimizer.step()
-                    updates += 1
-                    if cfg.rollout.sync == "step":
-                        engine.sync_weights(policy.state_dict())
+                    if torch.isfinite(loss) and torch.isfinite(grad_norm):
+                        optimizer.step()
+                        updates += 1
+                        bad_streak = 0
+                        if cfg.rollout.sync == "step":
+                            engine.sync_weights(policy.state_dict())
+                    else:  # weights and optimizer state stay as they were
+                        optimizer.zero_grad(set_to_none=True)
+                        skipped += 1
+                        bad_streak += 1
+                        if bad_streak >= t.max_bad_steps:
+                            # The weights are the last good ones (nothing bad was applied): keep them, and the
+                            # step's metrics, so a resume or a post-mortem starts from what is known to be sane.
+                            log.log(step, {"optim/skipped_steps": float(skipped), **_mean_of(step_metrics)})
+                            save_checkpoint(run_dir, step, policy, optimizer, extra={"skipped_steps": skipped})
+                            raise NonFiniteError(
+                                f"{bad_streak} consecutive updates had a non-finite loss or gradient (step {step}); "
+                                f"the last good weights are in checkpoints/step_{step} "
+                                f"(trainer.max_bad_steps={t.max_bad_steps})"
+                            )
                     m.update({key: float(v) for key, v in out.metrics.items()})
                     m.update({"optim/loss": float(loss.detach()), "optim/grad_norm": float(grad_norm)})
                     m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), mb)
@@ -213,6 +237,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
                 **_mean_of(step_metrics),
                 "optim/lr": t.lr,
                 "optim/updates": float(updates),
+                "optim/skipped_steps": float(skipped),
                 "perf/rollout_s": t_rollout,
                 "perf/train_s": t_train,
                 "perf/tokens_per_s": n_tokens / max(time.time() - t0, 1e-9),
@@ -229,7 +254,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             if step % t.eval_every == 0 or done:
                 last_eval = run_eval(step)
             if step % t.checkpoint_every == 0 or done:
-                save_checkpoint(run_dir, step, policy, optimizer, extra={})
+                save_checkpoint(run_dir, step, policy, optimizer, extra={"skipped_steps": skipped})
         if last_eval is None:  # resumed after the last step: its evaluation is on disk already
             previous = read_jsonl(run_dir / "eval.jsonl") if (run_dir / "eval.jsonl").exists() else []
             last_eval = previous[-1] if previous else run_eval(t.total_steps)

@@ -187,3 +187,38 @@ def test_sweep_from_the_command_line(tmp_path, small_model):
         assert s["status"] == "completed" and s["steps"] == 3
     assert {p.parent.name.split(",")[0] for p in summaries} == {"objective=dppo", "objective=drpo"}  # swept axis first
 
+
+def test_a_non_finite_update_is_skipped_and_the_run_goes_on(tmp_path, small_model):
+    from safetensors.torch import load_file
+
+    # 8 x 8 samples: enough that both steps have a learning signal (an all-zero-advantage step updates nothing).
+    common = [*small_model, *FAST_TRAINER, "rollout=hf", "objective=grpo", "trainer.checkpoint_every=1"]
+    common += ["trainer.prompts_per_step=8", "trainer.group_size=8"]
+    summary, run_dir = run(tmp_path, *common, "trainer.total_steps=2", "trainer.nan_at_steps=[2]")
+    assert summary["status"] == "completed"
+    rows = {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl")}
+    assert rows[1]["optim/skipped_steps"] == 0 and rows[1]["optim/updates"] >= 1
+    assert rows[2]["optim/updates"] == 0 and rows[2]["optim/skipped_steps"] >= 1
+    ckpt = run_dir / "checkpoints"
+    before, after = load_file(ckpt / "step_1" / "model.safetensors"), load_file(ckpt / "step_2" / "model.safetensors")
+    assert all(torch_equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
+
+
+def test_consecutive_non_finite_updates_stop_the_run_with_the_last_good_weights(tmp_path, small_model):
+    from safetensors.torch import load_file
+
+    from harness.train import NonFiniteError
+
+    common = [*small_model, *FAST_TRAINER, "rollout=hf", "objective=grpo", "trainer.checkpoint_every=1"]
+    with pytest.raises(NonFiniteError, match="max_bad_steps=3"):
+        run(tmp_path, *common, "trainer.total_steps=8", "trainer.nan_at_steps=[2,3,4,5,6,7,8]")
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "NonFiniteError" in summary["error"]
+    steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    last = steps[-1]
+    assert steps == list(range(1, last + 1)) and last >= 3  # 2 mini-batches per step: the third skip is step >= 3
+    # Checkpoints keep the newest two; the one before the stop already held the last good weights.
+    good = load_file(run_dir / "checkpoints" / f"step_{last - 1}" / "model.safetensors")
+    kept = load_file(run_dir / "checkpoints" / f"step_{last}" / "model.safetensors")
+    assert all(torch_equal(good[k], kept[k]) for k in good)
