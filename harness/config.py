@@ -293,6 +293,15 @@ def _check_combinations(run: RunConfig) -> None:
         raise ValueError(
             f"model.path: {path!r} does not exist (give a local model folder, a run directory or a hub id)"
         )
+    if run.precision.name == "fp8_e2e" and path is not None:
+        from harness.precision import fp8_unwrappable_reason
+
+        reason = fp8_unwrappable_reason(Path(path).expanduser())
+        if reason:
+            raise ValueError(
+                f"precision.name: fp8_e2e quantizes the trainer's nn.Linear layers and {path!r} has none ({reason}); "
+                "allowed with this model: fp32, bf16, fp8_rollout"
+            )
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
     if run.data.name != "arith" and run.data.path is None:

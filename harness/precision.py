@@ -19,8 +19,10 @@ embedding are not quantized), so the CPU simulation and the GPU path quantize th
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -158,3 +160,19 @@ def wrap_fp8_linears(model: nn.Module) -> int:
             module.__class__ = Fp8Linear
             changed += 1
     return changed
+
+
+# Model types whose projections are transformers' Conv1D rather than nn.Linear, so fp8_e2e has nothing to wrap.
+# Read from config.json at config time (building even a meta-device model takes seconds of imports).
+CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
+
+
+def fp8_unwrappable_reason(model_dir: str | Path) -> str | None:
+    """Why `precision=fp8_e2e` cannot wrap the model at `model_dir` (from its config.json), or None."""
+    try:
+        model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None  # not a readable local config: the setup-time check in the trainer decides
+    if model_type in CONV1D_MODEL_TYPES:
+        return f"model_type '{model_type}' uses Conv1D projections, not nn.Linear"
+    return None

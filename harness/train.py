@@ -56,7 +56,11 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             model_path = model_dir(cfg)
             policy, tokenizer = load_policy(model_path, device=cfg.device)
             if prec.train_fp8:
-                precisions.wrap_fp8_linears(policy)
+                if not precisions.wrap_fp8_linears(policy):  # a hub model the config check could not inspect
+                    raise ValueError(
+                        "precision.name: fp8_e2e found no nn.Linear layer to quantize in this model; "
+                        "allowed with it: fp32, bf16, fp8_rollout"
+                    )
             objective = get_objective(cfg.objective.name, **_overrides(cfg))
             train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
             eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
