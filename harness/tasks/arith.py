@@ -6,7 +6,8 @@ Three kinds of problem, each a small fact table so a 2.6M-param model can learn 
 - ``mul``: ``a*b`` with a, b in 0..``mul_max`` and product <= 999 (3,390 problems).
 - ``add_mul``: ``a+b*c`` with 1-digit operands (1,000 problems); its demonstration is a scratchpad.
 
-The question is the bare expression (``3+4*5``); the chat template frames it. The split is by problem: every problem is enumerated once, shuffled per kind with a seeded RNG, and the first
+The question is the bare expression (``3+4*5``); the chat template frames it. The split is by problem: every
+problem is enumerated once, shuffled per kind with a seeded RNG, and the first
 ``n_eval / len(kinds)`` of each kind form the held-out set, so train and eval never share a question.
 """
 
