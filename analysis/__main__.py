@@ -1,7 +1,8 @@
-"""`python -m analysis [--roots outputs multirun] [--out figures]`: every figure and table for every experiment.
+"""`python -m analysis [--roots outputs multirun | wandb:<entity>/<project>] [--out figures]`: every figure and table.
 
-Writes figures/<experiment>/<figure>.png, figures/<experiment>/table.{md,csv,tex} and figures/index.md, and
-prints each path. A figure whose metrics the runs did not log is skipped with a one-line note.
+Writes figures/<experiment>/<figure>.png, figures/<experiment>/table.{md,csv,tex}, the token figures of runs that
+saved tokens.parquet, the analytic trust-region geometry once under figures/geometry/, and figures/index.md,
+and prints each path. A figure whose data the runs did not log is skipped with a one-line note.
 """
 
 from __future__ import annotations
@@ -10,13 +11,18 @@ import argparse
 import logging
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.figures import EVAL_FIGURES, METRIC_FIGURES, SkipFigure, save_figure
-from analysis.load import DEFAULT_ROOTS, RunSet, load_runs
+from analysis.geometry import TOKEN_FIGURES, TOKENS_FILE, load_tokens, write_analytic_figures
+from analysis.load import ALIASES, DEFAULT_ROOTS, RunSet, load_runs
 from analysis.tables import experiment_table, failed_runs_markdown, to_markdown, write_table
+from harness.objectives import OBJECTIVE_NAMES
+
+GEOMETRY_DIR = "geometry"
 
 
 def build_experiment(
@@ -36,6 +42,7 @@ def build_experiment(
             print(f"skip {name}/{stem}: {exc}")
             continue
         written += save_figure(fig, out_dir, stem, pdf=pdf)
+    written += build_token_figures(rs, name, out_dir, pdf=pdf)
     if rs.metrics.empty and rs.evals.empty:
         print(f"skip {name}/table: no completed runs")
         return written, None
@@ -44,9 +51,36 @@ def build_experiment(
     return written, table
 
 
-def write_index(rs: RunSet, out: Path, built: dict[str, tuple[list[Path], pd.DataFrame | None]]) -> Path:
+def build_token_figures(rs: RunSet, name: str, out_dir: Path, pdf: bool = False) -> list[Path]:
+    """The tokens.parquet figures of the runs that have curves; a run without the file costs one summary line."""
+    plotted = set(rs.metrics["run"]) | set(rs.evals["run"])
+    cols = ["run", *[c for c in rs.summaries.columns if c in rs.config_columns or c in ALIASES]]
+    runs = rs.summaries.loc[rs.summaries["run"].isin(plotted), cols]
+    if runs.empty:
+        return []
+    tokens, without = load_tokens(runs)
+    if tokens.empty:
+        print(f"skip {name}/tokens_*: no {TOKENS_FILE} in its {len(runs)} runs")
+        return []
+    if without:
+        print(f"note {name}/tokens_*: {len(without)} of {len(runs)} runs have no {TOKENS_FILE}")
+    written: list[Path] = []
+    for stem, fn in TOKEN_FIGURES.items():
+        try:
+            fig = fn(tokens, title=name)
+        except SkipFigure as exc:
+            print(f"skip {name}/{stem}: {exc}")
+            continue
+        written += save_figure(fig, out_dir, stem, pdf=pdf)
+    return written
+
+
+def write_index(
+    rs: RunSet, out: Path, built: dict[str, tuple[list[Path], pd.DataFrame | None]], geometry: Sequence[Path] = ()
+) -> Path:
     """figures/index.md: per experiment the run counts, the table, links to the figures and the failed runs."""
     lines = ["# Figures and tables", "", "Made by `make figures` (`python -m analysis`) from the run directories.", ""]
+    lines += ["Tables: mean ± half-width of the 95% Student-t interval over seeds (n seeds per row).", ""]
     for name, (paths, table) in built.items():
         sub = rs.experiment(name)
         lines += [f"## {name}", "", f"{len(sub.summaries)} runs, {len(sub.failed)} left out (failed).", ""]
@@ -55,6 +89,11 @@ def write_index(rs: RunSet, out: Path, built: dict[str, tuple[list[Path], pd.Dat
         lines += [f"- [{p.name}]({p.relative_to(out).as_posix()})" for p in paths if p.suffix in (".png", ".md")]
         if not sub.failed.empty:
             lines += ["", failed_runs_markdown(sub.failed)]
+        lines.append("")
+    pngs = [p for p in geometry if p.suffix == ".png"]
+    if pngs:
+        lines += ["## Trust-region geometry (analytic, every objective at its default hyper-parameters)", ""]
+        lines += [f"- [{p.name}]({p.relative_to(out).as_posix()})" for p in pngs]
         lines.append("")
     path = out / "index.md"
     path.write_text("\n".join(lines))
@@ -68,27 +107,52 @@ def _safe(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
-    parser.add_argument("--roots", nargs="+", default=list(DEFAULT_ROOTS), help="folders holding run directories")
+    parser.add_argument(
+        "--roots",
+        "--source",
+        nargs="+",
+        default=list(DEFAULT_ROOTS),
+        help="folders holding run directories, or wandb:<entity>/<project> to read a W&B project",
+    )
     parser.add_argument("--out", default="figures", help="output folder (default: figures)")
+    parser.add_argument("--experiment", help="only this experiment (default: every one found)")
     parser.add_argument("--pdf", action="store_true", help="write a PDF next to each PNG")
     parser.add_argument("--smooth", type=int, default=1, help="rolling mean over this many steps (training curves)")
     parser.add_argument("--include-failed", action="store_true", help="plot failed runs too")
+    parser.add_argument("--no-geometry", action="store_true", help="skip the analytic figures/geometry/")
+    parser.add_argument(
+        "--geometry-objectives", nargs="+", metavar="NAME", help="objectives for figures/geometry/ (default: all)"
+    )
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error(f"--smooth={args.smooth} is not allowed; use 1 (none) or more steps")
+    bad = [n for n in args.geometry_objectives or [] if n not in OBJECTIVE_NAMES]
+    if bad:
+        parser.error(f"--geometry-objectives: unknown {', '.join(bad)}; valid objectives: {', '.join(OBJECTIVE_NAMES)}")
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
 
     rs = load_runs(args.roots, include_failed=args.include_failed)
     if rs.summaries.empty:
         print(f"no runs found under {', '.join(args.roots)}: nothing to plot")
         return 0
+    names = rs.experiments
+    if args.experiment is not None:
+        if args.experiment not in names:
+            print(f"experiment {args.experiment!r} has no runs; experiments found: {', '.join(names)}", file=sys.stderr)
+            return 2
+        names = [args.experiment]
     out = Path(args.out)
     built: dict[str, tuple[list[Path], pd.DataFrame | None]] = {}
-    for name in rs.experiments:
+    for name in names:
         built[name] = build_experiment(rs.experiment(name), name, out / _safe(name), pdf=args.pdf, smooth=args.smooth)
         for p in built[name][0]:
             print(f"wrote {p}")
-    index = write_index(rs, out, built)
+    geometry: list[Path] = []
+    if not args.no_geometry:
+        geometry = write_analytic_figures(out / GEOMETRY_DIR, args.geometry_objectives)
+        for p in geometry:
+            print(f"wrote {p}")
+    index = write_index(rs, out, built, geometry)
     print(f"wrote {index}")
     return 0
 

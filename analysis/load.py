@@ -8,14 +8,21 @@ Each frame carries a `run` id (the directory path as found under its root) and t
 - `metrics`: one row per run and optimizer step (metrics.jsonl),
 - `evals`: one row per run and evaluation (eval.jsonl; step 0 is the evaluation before training),
 - `summaries`: one row per run, failed ones included (summary.json plus `status`, `n_steps`, `load_error`).
+`RunSet.tidy()` joins the first two into the one frame of DESIGN.md: one row per run and step, every metric,
+eval scores as `eval/<benchmark>/<key>` (W&B's names), and the short columns `experiment`, `objective`,
+`precision`, `model` next to the dotted config keys.
+
+A root spelled `wandb:<entity>/<project>` is read through the W&B public API instead (runs mirrored by RunLog:
+group = experiment, job_type = objective) and gives frames of the same shape; only that path needs a network.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,16 @@ DEFAULT_ROOTS = ("outputs", "multirun")
 CONFIG = Path(".hydra") / "config.yaml"
 # Folders inside a run that never hold another run: walking them (checkpoints, W&B files) only costs time.
 _NO_RUNS_INSIDE = {"checkpoints", "wandb", ".hydra", "__pycache__"}
+WANDB_PREFIX = "wandb:"
+# Short names for the config keys every comparison is sliced by (the dotted keys stay too).
+ALIASES = {"experiment": "name", "objective": "objective.name", "precision": "precision.name", "model": "model.name"}
+# Keys every current config has; an older one without them still loads, with the gap named once.
+EXPECTED_CONFIG = ("seed", "objective.name", "precision.name", "model.name")
+# Groups that older configs wrote as a bare name (`objective: grpo`) instead of a mapping with `name`.
+_GROUPS_ONCE_PLAIN = ("objective", "precision", "model", "rollout", "data", "benchmark")
+# W&B run states -> RunLog statuses, for runs whose W&B summary never got RunLog's final status (killed hard).
+_WANDB_STATES = {"finished": "completed", "running": "running", "crashed": "failed", "failed": "failed",
+                 "killed": "failed", "preempted": "failed"}  # fmt: skip
 
 
 @dataclass
@@ -63,9 +80,52 @@ class RunSet:
             raise ValueError(f"experiment {name!r} has no runs; experiments found: {', '.join(self.experiments)}")
 
         def pick(df: pd.DataFrame) -> pd.DataFrame:
+            if "name" not in df.columns:  # an empty frame (no run logged evaluations, say) has no columns to pick by
+                return df
             return df[df["name"].astype(str) == name].reset_index(drop=True)
 
         return RunSet(pick(self.metrics), pick(self.evals), pick(self.summaries), self.config_columns)
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per run and step: every training metric, every numeric eval value as `eval/<benchmark>/<key>`
+        (the evaluation before training is the step-0 row), and the config columns."""
+        ev = self.evals
+        key_cols = {"run", "step", "benchmark", *self.config_columns, *ALIASES}
+        values = [c for c in ev.columns if c not in key_cols and pd.api.types.is_numeric_dtype(ev[c])]
+        wide = pd.DataFrame(columns=["run", "step"])
+        if not ev.empty and values:
+            prefix = pd.Series("eval/", index=ev.index)
+            if "benchmark" in ev.columns:
+                prefix = prefix.where(ev["benchmark"].isna(), "eval/" + ev["benchmark"].astype(str) + "/")
+            long = ev[["run", "step", *values]].assign(prefix=prefix)
+            long = long.melt(id_vars=["run", "step", "prefix"], value_vars=values, var_name="key").dropna()
+            long["key"] = long["prefix"] + long["key"]
+            wide = long.pivot_table(index=["run", "step"], columns="key", values="value", aggfunc="last")
+            wide = wide.reset_index().rename_axis(columns=None)
+        config = [c for c in self.summaries.columns if c in self.config_columns or c in ALIASES]
+        train = self.metrics.drop(columns=[c for c in config if c in self.metrics.columns])
+        if "step" not in train.columns:  # only evaluations (an eval-only run): the rows come from them alone
+            train = pd.DataFrame(columns=["run", "step"])
+        out = train.merge(wide, on=["run", "step"], how="outer") if not wide.empty else train
+        out = out.merge(self.summaries[["run", *config]], on="run", how="left")
+        out["step"] = out["step"].astype(int)
+        return out.sort_values(["run", "step"], kind="stable").reset_index(drop=True)
+
+    @staticmethod
+    def concat(sets: Sequence[RunSet]) -> RunSet:
+        """The runs of several RunSets (local folders and W&B projects) as one."""
+        columns = list(dict.fromkeys(c for rs in sets for c in rs.config_columns))
+
+        def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+            frames = [f for f in frames if not f.empty]
+            return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run"])
+
+        return RunSet(
+            cat([rs.metrics for rs in sets]),
+            cat([rs.evals for rs in sets]),
+            cat([rs.summaries for rs in sets]),
+            columns,
+        )
 
 
 def find_run_dirs(roots: Iterable[Path | str]) -> list[Path]:
@@ -85,6 +145,12 @@ def find_run_dirs(roots: Iterable[Path | str]) -> list[Path]:
     return sorted(found)
 
 
+def flatten_config(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested config as dotted keys; lists and mappings left at the leaves become JSON text (hashable cells)."""
+    flat = pd.json_normalize(dict(tree), sep=".").iloc[0].to_dict() if tree else {}
+    return {k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in flat.items()}
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """The run's config flattened to dotted keys; lists become JSON text so that every cell is hashable."""
     cfg = OmegaConf.load(path)
@@ -94,8 +160,28 @@ def load_config(path: Path) -> dict[str, Any]:
         tree = OmegaConf.to_container(cfg, resolve=False)
     if not isinstance(tree, dict):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(tree).__name__}")
-    flat = pd.json_normalize(tree, sep=".").iloc[0].to_dict()
-    return {k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in flat.items()}
+    return flatten_config(tree)
+
+
+def upgrade_config(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """Today's keys for a config written by an older version, with one warning naming what was guessed.
+
+    A group written as a bare name (`objective: grpo`) becomes `objective.name`; an expected key that is absent
+    is set to None, so the run still plots (its label shows `<missing>`) instead of vanishing.
+    """
+    cfg = dict(cfg)
+    notes = []
+    for group in _GROUPS_ONCE_PLAIN:
+        if isinstance(cfg.get(group), str) and f"{group}.name" not in cfg:
+            cfg[f"{group}.name"] = cfg.pop(group)
+            notes.append(f"`{group}: <name>` read as {group}.name")
+    missing = [k for k in EXPECTED_CONFIG if k not in cfg]
+    if missing:
+        cfg.update(dict.fromkeys(missing))
+        notes.append(f"no {', '.join(missing)} (shown as <missing>)")
+    if notes:
+        logger.warning("%s: config from an older version: %s", where, "; ".join(notes))
+    return cfg
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -120,6 +206,10 @@ def _read_summary(path: Path) -> dict[str, Any]:
     if not isinstance(summary, dict):
         logger.warning("%s is not a JSON object; the run's curves are kept", path)
         return {"status": "missing"}
+    return _flat_summary(summary)
+
+
+def _flat_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
     # Nested values (the W&B block) stay JSON text: dotted names are reserved for config columns.
     flat = {k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in summary.items()}
     flat.setdefault("status", "missing")
@@ -131,48 +221,83 @@ def _experiment_from_path(run_dir: Path, root: Path) -> str:
     return rel[0] if len(rel) > 1 else "default"
 
 
+@dataclass
+class _Run:
+    """One run as read from its source, before the frames are built."""
+
+    run: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    load_error: str | None = None
+
+
 def load_runs(roots: Sequence[Path | str] = DEFAULT_ROOTS, include_failed: bool = False) -> RunSet:
-    """Load every run under `roots` (default `outputs/` and `multirun/`).
+    """Load every run under `roots` (default `outputs/` and `multirun/`); a `wandb:<entity>/<project>` root is
+    read from W&B (see `load_wandb`).
 
     A torn last JSONL line is skipped with a warning; a run whose files cannot be read at all is kept in
     `summaries` with `load_error` set and left out of the curves, so one bad run never hides the rest.
     """
-    metrics, evals, rows = [], [], []
-    config_keys: dict[str, None] = {}
+    local = [r for r in roots if not str(r).startswith(WANDB_PREFIX)]
+    remote = [str(r) for r in roots if str(r).startswith(WANDB_PREFIX)]
+    sets = [_assemble(_local_runs(local), include_failed)] if local or not remote else []
+    sets += [load_wandb(src, include_failed=include_failed) for src in remote]
+    return sets[0] if len(sets) == 1 else RunSet.concat(sets)
+
+
+def load(source: Path | str | Sequence[Path | str] = DEFAULT_ROOTS, include_failed: bool = False) -> pd.DataFrame:
+    """The tidy frame of every run in `source`: a folder, `wandb:<entity>/<project>`, or a list of them."""
+    roots = [source] if isinstance(source, str | Path) else list(source)
+    return load_runs(roots, include_failed=include_failed).tidy()
+
+
+def _local_runs(roots: Sequence[Path | str]) -> list[_Run]:
+    runs: list[_Run] = []
     seen: set[Path] = set()
     for root in roots:
         for run_dir in find_run_dirs([root]):
             if run_dir.resolve() in seen:  # overlapping roots (outputs and outputs/exp) list a run once
                 continue
             seen.add(run_dir.resolve())
-            run = str(run_dir)
             try:
                 cfg = load_config(run_dir / CONFIG)
             except Exception as exc:
                 logger.warning("%s: unreadable config, run skipped: %s", run_dir / CONFIG, exc)
                 continue
-            if "name" not in cfg or cfg["name"] is None:
+            if cfg.get("name") is None:
                 cfg["name"] = _experiment_from_path(run_dir, Path(root))
                 logger.warning(
-                    "%s: no `name` in the config (older version?); experiment %r from the path", run, cfg["name"]
+                    "%s: no `name` in the config (older version?); experiment %r from the path", run_dir, cfg["name"]
                 )
-            config_keys.update(dict.fromkeys(cfg))
-            summary = _read_summary(run_dir / "summary.json")
-            row: dict[str, Any] = {"run": run, **summary, "load_error": None}
+            item = _Run(
+                str(run_dir), upgrade_config(cfg, str(run_dir)), _read_summary(run_dir / "summary.json"), [], []
+            )
             try:
-                m = _read_records(run_dir / "metrics.jsonl")
-                e = _read_records(run_dir / "eval.jsonl")
+                item.metrics = _read_records(run_dir / "metrics.jsonl")
+                item.evals = _read_records(run_dir / "eval.jsonl")
             except ValueError as exc:  # a bad line before the last one: corruption, not a crash mid-write
-                logger.warning("%s: %s; run left out of the curves", run, exc)
-                row["load_error"] = str(exc)
-                m, e = [], []
-            row.update(n_steps=len(m), n_evals=len(e))
-            rows.append((row, cfg))
-            if row["load_error"] is None and (include_failed or row["status"] != "failed"):
-                if m:
-                    metrics.append(pd.DataFrame(m).assign(run=run))
-                if e:
-                    evals.append(pd.DataFrame(e).assign(run=run))
+                logger.warning("%s: %s; run left out of the curves", run_dir, exc)
+                item.load_error = str(exc)
+                item.metrics, item.evals = [], []
+            runs.append(item)
+    return runs
+
+
+def _assemble(runs: list[_Run], include_failed: bool) -> RunSet:
+    metrics, evals, rows = [], [], []
+    config_keys: dict[str, None] = {}
+    for item in runs:
+        config_keys.update(dict.fromkeys(item.config))
+        row: dict[str, Any] = {"run": item.run, **item.summary, "load_error": item.load_error}
+        row.update(n_steps=len(item.metrics), n_evals=len(item.evals))
+        rows.append((row, item.config))
+        if item.load_error is None and (include_failed or row["status"] != "failed"):
+            if item.metrics:
+                metrics.append(pd.DataFrame(item.metrics).assign(run=item.run))
+            if item.evals:
+                evals.append(pd.DataFrame(item.evals).assign(run=item.run))
 
     configs = pd.DataFrame([{"run": r["run"], **c} for r, c in rows], columns=["run", *config_keys])
     summaries = pd.DataFrame([r for r, _ in rows])
@@ -192,8 +317,122 @@ def _with_config(frames: list[pd.DataFrame], configs: pd.DataFrame) -> pd.DataFr
     clash = [c for c in configs.columns if c != "run" and c in data.columns]
     cfg = configs.rename(columns={c: f"config.{c}" for c in clash})
     out = data.merge(cfg, on="run", how="left", validate="many_to_one")
+    for short, key in ALIASES.items():
+        if short not in out.columns and key in out.columns:
+            out[short] = out[key]
     if "step" in out.columns:
         out["step"] = out["step"].astype(int)
         out = out.sort_values(["run", "step"], kind="stable").reset_index(drop=True)
     first = ["run", *[c for c in ("step",) if c in out.columns]]
     return out[first + [c for c in out.columns if c not in first]]
+
+
+# --- W&B as a second source ------------------------------------------------------------------------------------
+
+
+def parse_wandb_source(source: str) -> tuple[str, str]:
+    """`wandb:<entity>/<project>` -> (entity, project); anything else fails with the expected spelling."""
+    path = source.removeprefix(WANDB_PREFIX)
+    parts = path.split("/")
+    if not source.startswith(WANDB_PREFIX) or len(parts) != 2 or not all(parts):
+        raise ValueError(f"W&B source {source!r}: expected wandb:<entity>/<project>")
+    return parts[0], parts[1]
+
+
+def load_wandb(source: str, include_failed: bool = False, experiment: str | None = None) -> RunSet:
+    """The runs of a W&B project (`wandb:<entity>/<project>`), optionally one experiment (W&B group), as the
+    same frames `load_runs` gives for run directories. Needs the network and a W&B login."""
+    entity, project = parse_wandb_source(source)
+    import wandb  # only this path needs it, and importing it costs about a second
+
+    api = wandb.Api(timeout=60)
+    filters = {"group": experiment} if experiment else None
+    records = []
+    for run in api.runs(f"{entity}/{project}", filters=filters):
+        records.append(
+            {
+                "id": run.id,
+                "entity": entity,
+                "project": project,
+                "group": run.group,
+                "job_type": run.job_type,
+                "tags": list(run.tags or []),
+                "state": run.state,
+                "config": dict(run.config),
+                "summary": dict(run.summary_metrics),
+                # scan_history pages through every row (history() would downsample to 500 points).
+                "history": list(run.scan_history()),
+            }
+        )
+    return runset_from_wandb(records, include_failed=include_failed)
+
+
+def runset_from_wandb(records: Iterable[Mapping[str, Any]], include_failed: bool = False) -> RunSet:
+    """Runs as the W&B API returns them -> RunSet, the same frames as from their run directories.
+
+    Each record: `id`, `entity`, `project`, `group`, `job_type`, `tags`, `state`, `config` (the logged config),
+    `summary` (the run summary) and `history` (the rows of `scan_history()`: sparse dicts with `step`, `_step`,
+    ..., training keys and `eval/<benchmark>/<key>`). RunLog mirrors each metrics line and each evaluation as
+    its own row, so rows are told apart by their keys. A step logged twice (a resumed run that redid steps
+    after its checkpoint) keeps its last row, as the run directory does.
+    """
+    runs = []
+    for rec in records:
+        run = f"{WANDB_PREFIX}{rec.get('entity')}/{rec.get('project')}/{rec['id']}"
+        cfg = flatten_config(_unwrap_wandb_config(rec.get("config") or {}))
+        if cfg.get("name") is None and rec.get("group"):
+            cfg["name"] = rec["group"]  # RunLog's W&B group is the experiment name
+        if cfg.get("name") is None:
+            cfg["name"] = "default"
+            logger.warning("%s: no experiment name in the config or the W&B group; using 'default'", run)
+        if "objective.name" not in cfg and "objective" not in cfg and rec.get("job_type"):
+            cfg["objective.name"] = rec["job_type"]  # RunLog's W&B job type is the objective
+        summary = _flat_summary({k: v for k, v in (rec.get("summary") or {}).items() if not k.startswith("_")})
+        if summary["status"] not in ("completed", "failed"):
+            summary["status"] = _WANDB_STATES.get(str(rec.get("state")), "missing")
+        summary.setdefault("error", None)
+        metrics, evals = split_wandb_history(rec.get("history") or [])
+        runs.append(_Run(run, upgrade_config(cfg, run), summary, metrics, evals))
+    return _assemble(runs, include_failed)
+
+
+def _unwrap_wandb_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The API gives the logged values; a raw config-file dump wraps each as {"value": v, "desc": ...}."""
+    items = {k: v for k, v in config.items() if not k.startswith("_")}  # _wandb: W&B's own bookkeeping
+    wrapped = items and all(
+        isinstance(v, dict) and "value" in v and set(v) <= {"value", "desc"} for v in items.values()
+    )
+    return {k: v["value"] for k, v in items.items()} if wrapped else items
+
+
+def _is_value(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v))
+
+
+def split_wandb_history(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """W&B history rows -> (metrics records, eval records) shaped like metrics.jsonl and eval.jsonl lines.
+
+    Keys starting with `_` are W&B's own; non-numbers (the samples table) and NaN are dropped, since an absent
+    key already reads as NaN. `eval/<benchmark>/<key>` goes back to {"benchmark": ..., "<key>": ...}.
+    """
+    metrics: dict[int, dict[str, Any]] = {}
+    evals: dict[tuple[int, str | None], dict[str, Any]] = {}
+    for row in rows:
+        if not _is_value(row.get("step")):
+            continue
+        step = int(row["step"])
+        values = {k: v for k, v in row.items() if k != "step" and not k.startswith("_") and _is_value(v)}
+        train = {k: v for k, v in values.items() if not k.startswith("eval/")}
+        if train:
+            metrics[step] = {"step": step, **train}
+        ev: dict[str | None, dict[str, Any]] = {}
+        for k, v in values.items():
+            if not k.startswith("eval/"):
+                continue
+            bench, _, key = k.removeprefix("eval/").partition("/")
+            bench_or_none, key = (bench, key) if key else (None, bench)
+            ev.setdefault(bench_or_none, {})[key] = v
+        for bench_or_none, vals in ev.items():
+            head = {"step": step} if bench_or_none is None else {"step": step, "benchmark": bench_or_none}
+            evals[(step, bench_or_none)] = {**head, **vals}
+    return [metrics[s] for s in sorted(metrics)], [evals[k] for k in sorted(evals, key=lambda k: (k[0], str(k[1])))]

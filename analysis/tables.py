@@ -2,9 +2,9 @@
 
 Per run: `final` = the score at the last evaluation, `best` = its maximum over evaluations (step 0 included,
 as in summary.json), `final reward` = mean of reward/mean over the last 10% of steps (at least one step, since
-a single step's reward is noisy), `mismatch k3` = mean of mismatch/k3 over all steps. Per arm: mean ± sample
-standard deviation over its seeds (n given; one seed shows the mean alone). A value a run never logged (no
-update happened, so no mismatch) is averaged over the runs that did log it.
+a single step's reward is noisy), `mismatch k3` = mean of mismatch/k3 over all steps. Per arm: mean ± the
+half-width of the 95% Student-t interval over its seeds (n given; one seed shows the mean alone). A value a run
+never logged (no update happened, so no mismatch) is averaged over the runs that did log it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from analysis.stats import arm_columns, final_eval_scores, is_config_column, score_column
+from analysis.stats import arm_columns, final_eval_scores, is_config_column, score_column, t_critical
 
 REWARD = "reward/mean"
 MISMATCH = "mismatch/k3"
@@ -63,7 +64,9 @@ def per_run_values(metrics: pd.DataFrame, evals: pd.DataFrame, score: str | None
 def experiment_table(
     metrics: pd.DataFrame, evals: pd.DataFrame, *, arms: Sequence[str] | None = None, score: str | None = None
 ) -> pd.DataFrame:
-    """Arms (x benchmark) -> n seeds and <value>_mean / <value>_std for final, best, final_reward, mismatch_k3.
+    """Arms (x benchmark) -> n seeds and <value>_mean / _std / _ci for final, best, final_reward, mismatch_k3.
+
+    `_ci` is the half-width of the 95% t-interval over the seeds that have the value (NaN with one seed).
 
     `attrs["score"]` names the eval score used (avg@k), `attrs["arms"]` the arm columns.
     """
@@ -75,28 +78,31 @@ def experiment_table(
     grouped = per_run.groupby(keys, dropna=False, sort=True) if keys else per_run.groupby(lambda _: 0)
     table = grouped["run"].nunique().rename("n").to_frame()
     for col in _VALUES:
+        n = grouped[col].count()
         table[f"{col}_mean"] = grouped[col].mean()
         table[f"{col}_std"] = grouped[col].std(ddof=1)
+        tcrit = n.map(lambda k: t_critical(int(k) - 1) if k >= 2 else math.nan)
+        table[f"{col}_ci"] = tcrit * table[f"{col}_std"] / np.sqrt(n.where(n > 0))
     table = table.reset_index(drop=not keys)
     table.attrs.update(score=per_run.attrs["score"], arms=arms)
     return table
 
 
-def _cell(mean: float, std: float, fmt: str) -> str:
+def _cell(mean: float, half: float, fmt: str) -> str:
     if pd.isna(mean):
         return "–"
-    return f"{mean:{fmt}}" if pd.isna(std) else f"{mean:{fmt}} ± {std:{fmt}}"
+    return f"{mean:{fmt}}" if pd.isna(half) else f"{mean:{fmt}} ± {half:{fmt}}"
 
 
 def _display(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Headings and text cells shared by the Markdown and LaTeX writers."""
     score = table.attrs.get("score") or "score"
-    keys = [c for c in table.columns if not c.endswith(("_mean", "_std")) and c != "n"]
+    keys = [c for c in table.columns if not c.endswith(("_mean", "_std", "_ci")) and c != "n"]
     heads = [_SHORT.get(c, c) for c in keys] + ["n"] + [h.format(score=score) for h, _ in _VALUES.values()]
     rows = []
     for _, r in table.iterrows():
         cells = [str(r[c]) for c in keys] + [str(int(r["n"]))]
-        cells += [_cell(r[f"{v}_mean"], r[f"{v}_std"], fmt) for v, (_, fmt) in _VALUES.items()]
+        cells += [_cell(r[f"{v}_mean"], r[f"{v}_ci"], fmt) for v, (_, fmt) in _VALUES.items()]
         rows.append(cells)
     return heads, rows
 

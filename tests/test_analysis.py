@@ -35,7 +35,7 @@ from analysis.figures import (
     fig_reward_curves,
     save_figure,
 )
-from analysis.load import find_run_dirs, load_runs
+from analysis.load import find_run_dirs, load, load_runs, parse_wandb_source, runset_from_wandb, split_wandb_history
 from analysis.stats import arm_columns, mean_ci, t_critical
 from analysis.tables import experiment_table, to_markdown
 
@@ -52,6 +52,7 @@ def _config(name: str, objective: str, seed: int, delta: float) -> dict:
         "seed": seed,
         "objective": {"name": objective, "family": objective, "delta": delta},
         "precision": {"name": "fp32"},
+        "model": {"name": "tiny"},
         "trainer": {"lr": 1e-4, "total_steps": 10},
         "data": {"seed": seed, "kinds": ["add", "mul"]},  # a relabelled seed and a list: neither is an arm
         "eval": {"n": 4},
@@ -267,9 +268,13 @@ def test_table_matches_hand_means(roots: tuple[Path, Path]) -> None:
     # mismatch k3 = m (seed + 1) averaged over seeds = 2 m.
     assert table.loc["grpo", "mismatch_k3_mean"] == pytest.approx(0.002)
     assert table.loc["dppo", "mismatch_k3_mean"] == pytest.approx(0.004)
+    # 95% CI half-width over 3 seeds = t_{0.975,2} sd / sqrt(3) = 4.303 sd / 1.7321 = 2.4843 sd.
+    assert table.loc["grpo", "final_ci"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert table.loc["dppo", "final_reward_ci"] == pytest.approx(4.303 * 0.01 / math.sqrt(3))
     md = to_markdown(table.reset_index())
     assert "| objective | benchmark | n | final avg@4 | best avg@4 | final reward | mismatch k3 |" in md
-    assert "| grpo | arith | 3 | 0.400 ± 0.100 | 0.600 ± 0.100 | 0.610 ± 0.010 | 0.002 ± 0.001 |" in md
+    # final 0.4 ± 0.248, best 0.6 ± 0.248, reward 0.61 ± 0.0248, mismatch 0.002 ± 2.4843 * 0.001.
+    assert "| grpo | arith | 3 | 0.400 ± 0.248 | 0.600 ± 0.248 | 0.610 ± 0.025 | 0.002 ± 0.00248 |" in md
 
 
 # --- the command ----------------------------------------------------------------------------------------------
@@ -280,18 +285,193 @@ def test_cli_writes_every_experiment(
 ) -> None:
     out = tmp_path / "figs"
     cmd = [sys.executable, "-m", "analysis", "--roots", *map(str, roots), "--out", str(out)]
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    cmd += ["--geometry-objectives", "pg_is", "drpo"]  # two objectives keep the analytic part quick
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     for rel in ("exp_a/reward_curves.png", "exp_a/eval_curves.png", "exp_a/table.md", "exp_a/table.csv",
-                "sweep_b/delta_sweep.png", "index.md"):  # fmt: skip
+                "exp_a/table.tex", "exp_a/final_scores.png", "sweep_b/delta_sweep.png",
+                "geometry/gradient_weight_overview.png", "geometry/gradient_slices.png",
+                "geometry/gradient_weight_pg_is.png", "geometry/gradient_weight_drpo.png", "index.md"):  # fmt: skip
         assert (out / rel).is_file(), rel
         assert f"wrote {out / rel}" in res.stdout
+    assert not (out / "geometry" / "gradient_weight_grpo.png").exists()
     assert "skip exp_a/drpo_weights: no values for objective/neg_weight_frac" in res.stdout
+    assert "skip exp_a/tokens_*: no tokens.parquet in its 6 runs" in res.stdout
     table_md = (out / "exp_a" / "table.md").read_text()
     assert "objective=dppo,seed=3` (failed): RuntimeError: boom" in table_md
-    assert "0.400 ± 0.100" in (out / "index.md").read_text()
+    assert r"0.400 $\pm$ 0.248" in (out / "exp_a" / "table.tex").read_text()
+    index = (out / "index.md").read_text()
+    assert "0.400 ± 0.248" in index
+    assert "[gradient_weight_overview.png](geometry/gradient_weight_overview.png)" in index
+    assert "[reward_curves.png](exp_a/reward_curves.png)" in index
+
+    # One experiment by name; a name that does not exist lists the valid ones.
+    assert (
+        main(["--roots", *map(str, roots), "--out", str(tmp_path / "f3"), "--experiment", "sweep_b", "--no-geometry"])
+        == 0
+    )
+    assert (tmp_path / "f3" / "sweep_b" / "table.md").is_file() and not (tmp_path / "f3" / "exp_a").exists()
+    assert main(["--roots", *map(str, roots), "--out", str(tmp_path / "f4"), "--experiment", "nope"]) == 2
+    assert "experiments found: exp_a, sweep_b" in capsys.readouterr().err
 
     # No runs: one line, exit 0, nothing written (in-process: the subprocess above already covers the entry point).
     assert main(["--roots", str(tmp_path / "none"), "--out", str(tmp_path / "f2")]) == 0
     assert capsys.readouterr().out == f"no runs found under {tmp_path / 'none'}: nothing to plot\n"
     assert not (tmp_path / "f2").exists()
+
+
+# --- the tidy frame and W&B as a second source ----------------------------------------------------------------
+
+
+def test_tidy_frame_one_row_per_run_and_step(roots: tuple[Path, Path]) -> None:
+    tidy = load_runs(roots).experiment("exp_a").tidy()
+    # 6 runs x (steps 1..10 from metrics.jsonl + the step-0 evaluation) = 66 rows; the failed run is not there.
+    assert len(tidy) == 66 and not tidy.duplicated(["run", "step"]).any()
+    for col in ("experiment", "objective", "precision", "seed", "objective.name", "reward/mean", "eval/arith/avg@4"):
+        assert col in tidy.columns, col
+    assert set(tidy["experiment"]) == {"exp_a"} and set(tidy["objective"]) == {"grpo", "dppo"}
+    one = tidy[(tidy["objective"] == "dppo") & (tidy["seed"] == 1)].set_index("step")
+    # Step 0 has only the evaluation; step 5 has both: reward 0.2 + 0.25 + 0.01 = 0.46 and avg@4 0.6 + 0.1 = 0.7.
+    assert math.isnan(one.loc[0, "reward/mean"]) and one.loc[0, "eval/arith/avg@4"] == pytest.approx(0.1)
+    assert one.loc[5, "reward/mean"] == pytest.approx(0.46) and one.loc[5, "eval/arith/avg@4"] == pytest.approx(0.7)
+    assert math.isnan(one.loc[4, "eval/arith/avg@4"])
+    # `load` is the one-call spelling of the same frame; outputs/ holds exp_a only.
+    pd.testing.assert_frame_equal(load(roots[0]), tidy)
+
+
+def _wandb_record(obj: str, seed: int, state: str, redo_last: bool = False) -> dict:
+    """What the W&B API gives for one exp_a run mirrored by RunLog: sparse history rows, each log call its own."""
+    history: list[dict] = []
+
+    def log(row: dict) -> None:
+        history.append({"_step": len(history), "_runtime": 0.5 * len(history), "_timestamp": 1.7e9, **row})
+
+    b5, b10 = B[obj]
+    log({"step": 0, "eval/arith/avg@4": 0.1, "eval/arith/pass@4": 1.0})
+    for k in range(1, 11):
+        if redo_last and k == 9:  # a first session logged 9 and 10 with other values, then resumed from step 8
+            log({"step": 9, "reward/mean": 99.0, "mismatch/k3": 99.0})
+            log({"step": 10, "reward/mean": 99.0, "mismatch/k3": 99.0})
+        log({"step": k, "reward/mean": A[obj] + 0.05 * k + 0.01 * seed, "mismatch/k3": M[obj] * (seed + 1)})
+        if k in (5, 10):
+            v = (b5 if k == 5 else b10) + 0.1 * seed
+            log({"step": k, "eval/arith/avg@4": v, "eval/arith/pass@4": 1.0})
+            log({"step": k, "samples": {"_type": "table-file", "path": "media/table.json"}})
+    cfg = _config("exp_a", obj, seed, DELTA[obj])
+    return {
+        "id": f"{obj}-{seed}",
+        "entity": "ent",
+        "project": "proj",
+        "group": "exp_a",
+        "job_type": obj,
+        "tags": ["tiny", "fp32"],
+        "state": state,
+        "config": {**cfg, "_wandb": {"cli_version": "0.31.0"}},
+        "summary": {"status": "completed", "_step": len(history) - 1} if state == "finished" else {},
+        "history": history,
+    }
+
+
+def test_wandb_source_gives_the_same_frame(roots: tuple[Path, Path]) -> None:
+    records = [
+        _wandb_record(obj, seed, "finished", redo_last=(obj, seed) == ("dppo", 0)) for obj in A for seed in range(3)
+    ]
+    records.append(_wandb_record("dppo", 3, "crashed"))  # killed hard: no RunLog status in the W&B summary
+    remote = runset_from_wandb(records)
+    assert remote.experiments == ["exp_a"]
+    assert remote.failed["run"].tolist() == ["wandb:ent/proj/dppo-3"]
+    assert len(remote.summaries) == 7 and len(remote.metrics) == 60 and len(remote.evals) == 18
+
+    local = load_runs(roots).experiment("exp_a").tidy()
+    wb = remote.tidy()
+    # Keys W&B never saw (the all-null abs_prob_diff_mean) are the only extra columns of the run directories.
+    assert set(local.columns) - set(wb.columns) == {"mismatch/abs_prob_diff_mean"}
+    assert local["mismatch/abs_prob_diff_mean"].isna().all()
+    order = ["objective.name", "seed", "step"]
+    cols = [c for c in wb.columns if c != "run"]
+    a = local[cols].sort_values(order).reset_index(drop=True)
+    b = wb[cols].sort_values(order).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+    # The redone steps kept the resumed session's values, as the run directory does.
+    redo = wb[(wb["objective"] == "dppo") & (wb["seed"] == 0) & (wb["step"] == 10)]
+    assert redo["reward/mean"].item() == pytest.approx(0.7)
+
+
+def test_wandb_history_rows_are_split_by_key() -> None:
+    rows = [
+        {"_step": 0, "step": 0, "eval/aime24/avg@32": 0.25, "eval/aime24/acc/int": 0.5},
+        {"_step": 1, "step": 1, "reward/mean": 0.5, "rollout/entropy": float("nan"), "flag": True},
+        {"_step": 2, "step": 1, "samples": {"_type": "table-file"}},
+        {"_step": 3, "step": 1, "eval/avg@4": 0.75},  # an evaluation logged without a benchmark name
+        {"_step": 4, "reward/mean": 1.0},  # no step: not a RunLog row
+    ]
+    metrics, evals = split_wandb_history(rows)
+    assert metrics == [{"step": 1, "reward/mean": 0.5}]
+    assert evals == [
+        {"step": 0, "benchmark": "aime24", "avg@32": 0.25, "acc/int": 0.5},
+        {"step": 1, "avg@4": 0.75},
+    ]
+
+
+@pytest.mark.parametrize("source", ["wandb:ent", "wandb:ent/proj/extra", "wandb:/proj", "ent/proj"])
+def test_wandb_source_spelling(source: str) -> None:
+    with pytest.raises(ValueError, match="expected wandb:<entity>/<project>"):
+        parse_wandb_source(source)
+    assert parse_wandb_source("wandb:ent/proj") == ("ent", "proj")
+
+
+# --- bad input: each loads with a warning and still plots ------------------------------------------------------
+
+
+def _bad_input_run(tmp_path: Path, cfg: dict, summary: bool = True) -> Path:
+    run_dir = tmp_path / "outputs" / "old_exp" / "2024-01-01_00-00-00"
+    metrics = [{"step": k, "reward/mean": 0.1 * k} for k in (1, 2, 3)]
+    _write_run(
+        run_dir, cfg, metrics, [{"step": 3, "benchmark": "arith", "avg@4": 0.5}], "completed" if summary else None
+    )
+    return run_dir
+
+
+def test_torn_last_line_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run_dir = _bad_input_run(tmp_path, _config("old_exp", "grpo", 0, 0.2))
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "reward/mean": 0.')
+    with caplog.at_level(logging.WARNING):
+        rs = load_runs([tmp_path / "outputs"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{run_dir / 'metrics.jsonl'}: skipped a torn last line (run still writing, or it crashed)"
+    ]
+    assert rs.metrics["step"].tolist() == [1, 2, 3] and rs.failed.empty
+    (line,) = fig_reward_curves(rs.metrics).axes[0].get_lines()
+    assert line.get_ydata() == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_missing_summary_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run_dir = _bad_input_run(tmp_path, _config("old_exp", "grpo", 0, 0.2), summary=False)
+    with caplog.at_level(logging.WARNING):
+        rs = load_runs([tmp_path / "outputs"])
+    assert any(r.getMessage().startswith(f"{run_dir / 'summary.json'} missing") for r in caplog.records)
+    assert rs.summaries["status"].tolist() == ["missing"] and rs.failed.empty
+    assert len(fig_reward_curves(rs.metrics).axes[0].get_lines()) == 1
+    table = experiment_table(rs.metrics, rs.evals)
+    assert table["final_mean"].tolist() == [0.5]
+
+
+def test_older_config_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # An older layout: no experiment name, the objective as a bare name, no precision or model group.
+    old = {"seed": 4, "objective": "grpo", "trainer": {"lr": 1e-4}}
+    run_dir = _bad_input_run(tmp_path, old)
+    with caplog.at_level(logging.WARNING):
+        rs = load_runs([tmp_path / "outputs"])
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"{run_dir}: no `name` in the config (older version?); experiment 'old_exp' from the path" in messages
+    assert (
+        f"{run_dir}: config from an older version: `objective: <name>` read as objective.name; "
+        "no precision.name, model.name (shown as <missing>)"
+    ) in messages
+    assert rs.experiments == ["old_exp"]
+    m = rs.metrics
+    assert m["objective.name"].eq("grpo").all() and m["objective"].eq("grpo").all() and m["precision.name"].isna().all()
+    (line,) = fig_reward_curves(m).axes[0].get_lines()
+    assert line.get_label() == "grpo (n=1)"
+    assert experiment_table(m, rs.evals)["final_mean"].tolist() == [0.5]
