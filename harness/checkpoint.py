@@ -19,6 +19,7 @@ import random
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,16 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
     keep: int = 2,
+    pause_s: float = 0.0,
 ) -> Path:
     """Write checkpoints/step_<step>/, point `latest` at it, and keep only the newest `keep` checkpoints.
 
     `extra` holds whatever else the trainer needs to continue (data position, scheduler state, ...): plain
-    Python values and tensors only, because loading uses torch.load(weights_only=True).
+    Python values and tensors only, because loading uses torch.load(weights_only=True). `pause_s` (fault drills)
+    waits after the files are written and before the rename, so a test can kill the process mid-save.
+
+    A failed write (disk full, file-size limit) removes its temp folder and raises OSError naming the step; the
+    checkpoints already on disk are untouched.
     """
     if keep < 1:
         raise ValueError(f"checkpoint keep={keep} is not allowed; keep at least 1")
@@ -59,11 +65,17 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
 
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{_TMP_PREFIX}step_{step}-"))
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"step": int(step), "extra": extra, "rng": _rng_state()}, tmp / "state.pt")
-    for f in tmp.iterdir():
-        fsync_path(f)  # the data must be on disk before the rename makes the folder count as complete
+    try:
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"step": int(step), "extra": extra, "rng": _rng_state()}, tmp / "state.pt")
+        for f in tmp.iterdir():
+            fsync_path(f)  # the data must be on disk before the rename makes the folder count as complete
+    except Exception as e:  # OSError, torch.save's RuntimeError, safetensors' own error: all mean "not saved"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"checkpoint step_{step} could not be written under {root}: {_first_line(e)}") from e
+    if pause_s:
+        time.sleep(pause_s)
 
     final = root / f"step_{step}"
     if final.exists():  # the same step saved again after a resume: the new state replaces it

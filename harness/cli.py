@@ -1,15 +1,24 @@
-"""What `run.py` does around Hydra: one-line errors for bad options, run-directory bookkeeping, the summary."""
+"""What `run.py` does around Hydra: one-line errors for bad options, run-directory bookkeeping, the summary, and
+sweep isolation (a failed job is recorded in its run directory and the sweep goes on; the exit code counts them)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 GROUP_NAMES = ("model", "precision", "objective", "rollout", "data", "benchmark", "logger")
+# Exit codes above 125 mean "killed by a signal" or "command not found" to shells and schedulers.
+MAX_EXIT_CODE = 125
 
 
 def fail(message: str) -> None:
@@ -29,37 +38,181 @@ def check_group_options(argv: list[str]) -> None:
                 fail(f"{key}={option} is not an option; valid {key} options: {', '.join(options)}")
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """Validate (before any model is built), train or evaluate, print the summary. Returns the final score."""
+def check_output_dir(argv: list[str]) -> None:
+    """An output folder that cannot be created -> one line naming it, instead of Hydra's traceback.
+
+    Checks `hydra.run.dir` / `hydra.sweep.dir` when given (a literal path, not an interpolation), else `outputs/`
+    under the working directory, where both default to. Creating it early is harmless: Hydra would.
+    """
+    targets = {"hydra.run.dir": None, "hydra.sweep.dir": None}
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if sep and key in targets:
+            targets[key] = value
+    given = [(k, v) for k, v in targets.items() if v and "${" not in v]
+    for key, value in given or [("output folder", "outputs")]:
+        path = Path(value).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            fail(f"{key}: cannot write to {str(path)!r} ({e.strerror or e}); choose a writable folder")
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """What a sweep job returns instead of raising: Hydra's sweepers re-raise a job's exception once its batch is
+    done, and an exception (or SystemExit) inside a joblib worker ends the whole sweep."""
+
+    run_dir: str
+    error: str
+
+
+def run_job(cfg: DictConfig) -> float | JobFailed | None:
+    """Validate (before any model is built), train or evaluate, print the summary. Returns the final score.
+
+    A single run that cannot start exits 2 with one line; a crash propagates (Hydra prints the traceback). In a
+    sweep either one is recorded in the job's summary.json and returned as JobFailed, so the other jobs run.
+    Both ways summary.json ends with status "failed", a one-line "error" and the "traceback".
+    """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    from harness.config import validate
-    from harness.runlog import atomic_write_json
+    from harness.config import SetupError
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        return _run(cfg, run_dir)
+    except KeyboardInterrupt:  # the user stops the whole sweep, not one job
+        raise
+    except (Exception, SystemExit) as exc:
+        error = record_failure(run_dir, exc)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            print(f"error: {run_dir.name}: {error}", file=sys.stderr)
+            return JobFailed(str(run_dir), error)
+        if isinstance(exc, SetupError):
+            fail(error)
+        raise
+
+
+def _run(cfg: DictConfig, run_dir: Path) -> float | None:
+    from harness.config import SetupError, validate
+
     raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    trainer = raw.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("threads") is None:
+        # Launchers that run several jobs on one machine say how many threads each may use through OMP_NUM_THREADS
+        # (joblib's loky workers get cores // n_jobs, Ray workers their num_cpus). train() would otherwise take
+        # every core in every job, and OpenMP threads that spin-wait for a core another job holds make a step
+        # 10x or more slower than one thread does (2 jobs on 2 cores: 9-21 s per step at 2 threads, <1 s at 1).
+        trainer["threads"] = threads_from_env()
     try:
         run_cfg = validate(raw)
     except ValueError as exc:
-        # The run directory exists already (Hydra made it): mark it failed so analysis never reads it as a run.
-        atomic_write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
-        fail(str(exc))
-    from harness.config import SetupError
+        raise SetupError(str(exc)) from exc
+    if run_cfg.mode == "eval":
+        from harness.eval_only import print_eval_summary, run_eval
 
-    try:
-        if run_cfg.mode == "eval":
-            from harness.eval_only import print_eval_summary, run_eval
+        summary = run_eval(run_cfg, run_dir, raw)
+        print_eval_summary(summary)
+        return summary.get("final_score")
+    from harness.train import train
 
-            summary = run_eval(run_cfg, run_dir, raw)
-            print_eval_summary(summary)
-            return summary.get("final_score")
-        from harness.train import train
-
-        summary = train(run_cfg, run_dir, raw)
-    except SetupError as exc:  # summary.json already says failed, with the traceback
-        fail(str(exc))
+    summary = train(run_cfg, run_dir, raw)
     print_summary(summary)
     return summary.get("final_score")
+
+
+def threads_from_env() -> int | None:
+    """OMP_NUM_THREADS as a positive int, or None (unset or unusable: then train() uses every core)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def record_failure(run_dir: Path, exc: BaseException) -> str:
+    """Make `run_dir/summary.json` say failed, keeping what train()/run_eval() wrote there, with a one-line
+    error and the full traceback (its cause included). Returns the one-line error."""
+    from harness.config import SetupError
+    from harness.runlog import atomic_write_json
+
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    error = message if isinstance(exc, SetupError) else f"{type(exc).__name__}: {message}".rstrip(": ")
+    path = run_dir / "summary.json"
+    summary: dict[str, Any] = {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet (the job failed before its RunLog started) or torn
+        pass
+    summary.update(status="failed", error=error, traceback="".join(traceback.format_exception(exc)))
+    try:
+        atomic_write_json(path, summary)
+    except OSError as e:  # an unwritable run directory must not hide the job's own error
+        print(f"warning: could not write {path}: {e}", file=sys.stderr)
+    return error
+
+
+# --- the end of a sweep ---
+
+_sweep_failures: list[Path] | None = None  # set by SweepReport in the launching process; run.py's exit code
+
+
+class SweepReport(Callback):
+    """Hydra callback (run.py adds it to hydra.callbacks): at the end of a multirun, find this sweep's jobs, print
+    one line naming those that did not complete, and leave their count for `sweep_exit_code()`.
+
+    It reads summary.json in the run directories rather than the launcher's JobReturns: Hydra hands those to no
+    callback in the launching process, and with joblib, submitit or Ray the jobs ran in other processes anyway.
+    A job belongs to this sweep if its summary.json (or .hydra/ record) is newer than the sweep's multirun.yaml,
+    which the sweeper writes before launching, so reusing a sweep directory does not count old runs.
+    """
+
+    def __init__(self) -> None:
+        self._started = time.time()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._started = time.time()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global _sweep_failures
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        jobs = sweep_jobs(sweep_dir, self._started)
+        failed = [job for job in jobs if job_status(job) != "completed"]
+        _sweep_failures = failed
+        if failed:
+            names = "; ".join(str(job.relative_to(sweep_dir)) for job in failed)
+            print(f"sweep: {len(failed)} of {len(jobs)} jobs failed under {sweep_dir}: {names}", file=sys.stderr)
+        else:
+            print(f"sweep: all {len(jobs)} jobs completed under {sweep_dir}")
+
+
+def sweep_jobs(sweep_dir: Path, started: float) -> list[Path]:
+    """Run directories under `sweep_dir` written since this sweep's multirun.yaml (or since `started`)."""
+    marker = sweep_dir / "multirun.yaml"
+    # The file's own mtime is on the same clock as the jobs' files, which matters on a cluster's shared disk.
+    since = marker.stat().st_mtime if marker.exists() else started
+    found = {p.parent for pattern in ("summary.json", ".hydra") for p in sweep_dir.rglob(pattern)}
+    return sorted(d for d in found if d != sweep_dir and _newest_record(d) >= since)
+
+
+def _newest_record(run_dir: Path) -> float:
+    paths = [run_dir / "summary.json", run_dir / ".hydra" / "overrides.yaml"]
+    return max((p.stat().st_mtime for p in paths if p.exists()), default=0.0)
+
+
+def job_status(run_dir: Path) -> str:
+    """summary.json's status; "missing" if the job never wrote one (it died before its first line)."""
+    try:
+        return str(json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("status"))
+    except (OSError, ValueError):
+        return "missing"
+
+
+def sweep_exit_code() -> int:
+    """0 after a single run or a clean sweep; otherwise the number of failed jobs, capped at 125."""
+    return min(len(_sweep_failures or []), MAX_EXIT_CODE)
 
 
 def print_summary(s: dict[str, Any]) -> None:

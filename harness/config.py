@@ -147,7 +147,9 @@ class TrainerConfig:
     eval_every: int = field(default=100, metadata={"ge": 1, "help": "evaluate every N steps (and at 0 and the end)"})
     checkpoint_every: int = field(default=100, metadata={"ge": 1})
     resume: bool = field(default=False, metadata={"help": "continue from the run directory's last checkpoint"})
-    threads: int | None = field(default=None, metadata={"ge": 1, "help": "torch threads; null = all cores"})
+    threads: int | None = field(
+        default=None, metadata={"ge": 1, "help": "torch threads; null = OMP_NUM_THREADS if set, else all cores"}
+    )
     samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
     max_bad_steps: int = field(
         default=3,
@@ -156,6 +158,10 @@ class TrainerConfig:
             "help": "consecutive skipped updates (non-finite loss or gradient) after which the run stops, failed, "
             "with a checkpoint of the last good weights",
         },
+    )
+    checkpoint_pause_s: float = field(
+        default=0.0,
+        metadata={"ge": 0, "help": "fault drills: pause inside each checkpoint write, before its rename"},
     )
     nan_at_steps: tuple[int, ...] = field(
         default=(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 import time
 import traceback
 from dataclasses import asdict
@@ -78,6 +79,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
         # k updates; step 0 is the evaluation before training.
         done_steps = 0
         skipped, bad_streak = 0, 0  # updates skipped for a non-finite loss/gradient: in total, in a row
+        failed_saves: list[int] = []  # steps whose checkpoint could not be written
         if t.resume:
             state = load_latest(run_dir, policy, optimizer)  # also restores the RNG streams
             done_steps = int(state["step"]) if state else 0
@@ -258,7 +260,13 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             if step % t.eval_every == 0 or done:
                 last_eval = run_eval(step)
             if step % t.checkpoint_every == 0 or done:
-                save_checkpoint(run_dir, step, policy, optimizer, extra={"skipped_steps": skipped})
+                try:
+                    save_checkpoint(
+                        run_dir, step, policy, optimizer, {"skipped_steps": skipped}, pause_s=t.checkpoint_pause_s
+                    )
+                except OSError as exc:  # disk full, quota: the older checkpoints are intact, training goes on
+                    failed_saves.append(step)
+                    tqdm.write(f"warning: {exc}; training continues, the previous checkpoint is intact", sys.stderr)
         if last_eval is None:  # resumed after the last step: its evaluation is on disk already
             previous = read_jsonl(run_dir / "eval.jsonl") if (run_dir / "eval.jsonl").exists() else []
             last_eval = previous[-1] if previous else run_eval(t.total_steps)
@@ -271,6 +279,8 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             benchmark=cfg.benchmark.name,
             steps=t.total_steps,
         )
+        if failed_saves:
+            summary["checkpoint_failed_steps"] = failed_saves
         if "initial_score" not in summary:  # resumed: the step-0 evaluation is in eval.jsonl already
             summary["initial_score"] = _eval_scores(run_dir, score_key)[0]
         if summary.get("initial_score") is not None:
