@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-GROUP_NAMES = ("model", "precision", "objective", "rollout", "data", "benchmark", "logger")
+GROUP_NAMES = ("model", "precision", "objective", "rollout", "data", "benchmark", "logger", "experiment")
 # Exit codes above 125 mean "killed by a signal" or "command not found" to shells and schedulers.
 MAX_EXIT_CODE = 125
 

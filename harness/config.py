@@ -145,7 +145,10 @@ class TrainerConfig:
         default=None, metadata={"ge": 1, "help": "H of seq-mean-token-sum-norm; null = max_new_tokens"}
     )
     eval_every: int = field(default=100, metadata={"ge": 1, "help": "evaluate every N steps (and at 0 and the end)"})
-    checkpoint_every: int = field(default=100, metadata={"ge": 1})
+    checkpoint_every: int = field(
+        default=100,
+        metadata={"ge": 0, "help": "checkpoint every N steps and at the end; 0 = never (throw-away runs: no resume)"},
+    )
     resume: bool = field(default=False, metadata={"help": "continue from the run directory's last checkpoint"})
     threads: int | None = field(
         default=None, metadata={"ge": 1, "help": "torch threads; null = OMP_NUM_THREADS if set, else all cores"}

@@ -259,7 +259,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             done = step == t.total_steps
             if step % t.eval_every == 0 or done:
                 last_eval = run_eval(step)
-            if step % t.checkpoint_every == 0 or done:
+            if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
                 try:
                     save_checkpoint(
                         run_dir, step, policy, optimizer, {"skipped_steps": skipped}, pause_s=t.checkpoint_pause_s
