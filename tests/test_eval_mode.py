@@ -100,14 +100,16 @@ def test_bad_model_paths_fail_with_one_line(tmp_path, trained_run):
         assert "\n" not in str(err.value)
 
 
-def test_training_on_dapo_evaluates_on_aime_without_code_changes(tmp_path, small_model):
+@pytest.mark.parametrize("data", ["arith", "dapo_math"])
+def test_training_evaluates_on_aime_without_code_changes(tmp_path, small_model, data):
+    source = [f"data.path={DAPO}"] if data == "dapo_math" else []
     raw = compose(
         *small_model,
         *FAST_TRAINER,
         "rollout=hf",
         "trainer.total_steps=1",
-        "data=dapo_math",
-        f"data.path={DAPO}",
+        f"data={data}",
+        *source,
         "benchmark=aime24_25",
         f"benchmark.path=[{AIME24},{AIME25}]",
         "benchmark.max_problems=4",
