@@ -277,10 +277,10 @@ def fig_ratio_vs_tv(
     if df.empty:
         raise SkipFigure("no tokens with mu and pi")
     groups = _arm_groups(df, arms)
-    fig = _figure(1, len(groups), width=max(_CELL_W * len(groups), 7.0))
+    fig = _panel_grid(len(groups))
     rng = np.random.default_rng(0)  # a fixed subsample: the same runs give the same picture
     floor = 1e-6  # |pi - mu| = 0 has no place on a log axis; it is drawn at this floor
-    for ax, (label, sub) in zip(fig.axes, groups, strict=True):
+    for ax, (label, sub) in zip(fig.axes[: len(groups)], groups, strict=True):
         if len(sub) > max_points:
             sub = sub.iloc[np.sort(rng.choice(len(sub), max_points, replace=False))]
         gap = (sub["pi"] - sub["mu"]).abs().clip(lower=floor)
@@ -395,10 +395,10 @@ def fig_token_weights(tokens: pd.DataFrame, *, arms: Sequence[str] | None = None
     groups = [(lab, sub) for lab, sub in _arm_groups(df, arms) if ((sub["w"] - 1).abs() > 1e-4).any()]
     if not groups:
         raise SkipFigure("no token whose gradient weight differs from plain PG-IS in tokens.parquet")
-    fig = _figure(1, len(groups), width=max(_CELL_W * len(groups), 7.0))
+    fig = _panel_grid(len(groups))
     lo, hi = np.nanpercentile(pd.concat([sub["w"] for _, sub in groups]), [0.5, 99.5])
     bins = np.linspace(min(lo, -0.1), max(hi, 1.1), 50)
-    for ax, (label, sub) in zip(fig.axes, groups, strict=True):
+    for ax, (label, sub) in zip(fig.axes[: len(groups)], groups, strict=True):
         w = sub["w"]
         neg, zero, amp = float((w < 0).mean()), float((w == 0).mean()), float((w > 1 + 1e-4).mean())
         legend = f"{len(w)} tokens: {zero:.1%} w=0, {neg:.1%} w<0, {amp:.1%} w>1"
@@ -412,6 +412,16 @@ def fig_token_weights(tokens: pd.DataFrame, *, arms: Sequence[str] | None = None
         ax.legend(fontsize=7)
     note = "dashed: w = 0 (dropped) and w = 1 (plain importance-weighted gradient)"
     fig.suptitle(_title(title, "trust-region weight of sampled tokens") + "\n" + note)
+    return fig
+
+
+def _panel_grid(n: int, max_cols: int = 4) -> Figure:
+    """One panel per arm, wrapped into rows of `max_cols` (a 15-arm sweep in one row is unreadably wide)."""
+    cols = min(n, max_cols)
+    rows = -(-n // cols)
+    fig = _figure(rows, cols, width=max(_CELL_W * cols, 7.0))
+    for ax in fig.axes[n:]:
+        ax.set_visible(False)
     return fig
 
 
