@@ -44,7 +44,7 @@ figures: $(STAMP)  ## curves and tables from every run under outputs/
 MINI_JOBS ?= 2
 MINI ?= $(wildcard experiments/mini_*.yaml)
 .PHONY: mini-repro
-mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the papers' figures), ~20 min on 2 cores
+mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the papers' figures), 26 min on 2 cores
 	@failed=""; for f in $(MINI); do name=$$(basename $$f .yaml); echo "== $$name"; \
 	  $(PY) run.py -m +experiment=$$name hydra/launcher=joblib hydra.launcher.n_jobs=$(MINI_JOBS) \
 	  || failed="$$failed $$name"; done; \
