@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_model
 
-from harness.runlog import atomic_write_text, fsync_path
+from harness.runlog import atomic_write_text, first_line, fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def save_checkpoint(
             fsync_path(f)  # the data must be on disk before the rename makes the folder count as complete
     except Exception as e:  # OSError, torch.save's RuntimeError, safetensors' own error: all mean "not saved"
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(f"checkpoint step_{step} could not be written under {root}: {_first_line(e)}") from e
+        raise OSError(f"checkpoint step_{step} could not be written under {root}: {first_line(e)}") from e
     if pause_s:
         time.sleep(pause_s)
 
@@ -108,7 +108,7 @@ def load_latest(run_dir: Path | str, model: torch.nn.Module, optimizer: torch.op
         try:
             tensors, aliases, opt_state, state = _read(path)
         except Exception as e:  # any read failure (truncation, bad zip, missing file) means "try older"
-            logger.warning("checkpoint %s is unreadable, trying the previous one: %s", path, _first_line(e))
+            logger.warning("checkpoint %s is unreadable, trying the previous one: %s", path, first_line(e))
             continue
         for alias, kept in aliases.items():  # tied weights were saved once under the kept name
             if kept in tensors:
@@ -117,7 +117,7 @@ def load_latest(run_dir: Path | str, model: torch.nn.Module, optimizer: torch.op
             model.load_state_dict(tensors, strict=True)
             optimizer.load_state_dict(opt_state)
         except (RuntimeError, ValueError, KeyError) as e:
-            raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {_first_line(e)}") from e
+            raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {first_line(e)}") from e
         _set_rng_state(state["rng"])
         return {"step": int(state["step"]), "extra": state["extra"], "path": path}
     if candidates:
@@ -196,8 +196,3 @@ def _check_plain(value: Any, where: str) -> None:
             f"{where}: a {type(value).__name__} cannot go in a checkpoint; allowed: numbers, str, bool, None, "
             "tensors, lists, tuples, dicts"
         )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

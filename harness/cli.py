@@ -136,10 +136,11 @@ def record_failure(run_dir: Path, exc: BaseException) -> str:
     """Make `run_dir/summary.json` say failed, keeping what train()/run_eval() wrote there, with a one-line
     error and the full traceback (its cause included). Returns the one-line error."""
     from harness.config import SetupError
-    from harness.runlog import atomic_write_json
+    from harness.runlog import atomic_write_json, first_line
 
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    error = message if isinstance(exc, SetupError) else f"{type(exc).__name__}: {message}".rstrip(": ")
+    message = first_line(exc)
+    named = message == type(exc).__name__  # no message of its own
+    error = message if isinstance(exc, SetupError) or named else f"{type(exc).__name__}: {message}"
     path = run_dir / "summary.json"
     summary: dict[str, Any] = {}
     try:

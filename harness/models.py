@@ -34,6 +34,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from harness.runlog import first_line
 from harness.tasks.arith import ArithConfig, Problem, balanced_sample, demonstration, make_splits
 from harness.tasks.templates import render
 
@@ -166,7 +167,7 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:  # huggingface_hub's errors are OSErrors
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         if is_local:
             where = f"folder {source!r} is not a loadable model"
         else:

@@ -394,7 +394,7 @@ class RunLog:
         if "run" in box:
             return box["run"]
         reason = box.get("error")
-        why = _first_line(reason) if reason else f"no answer in {cfg.init_timeout_s + _INIT_GRACE_S:.0f} s"
+        why = first_line(reason) if reason else f"no answer in {cfg.init_timeout_s + _INIT_GRACE_S:.0f} s"
         logger.warning("W&B (%s) unavailable, logging to %s only: %s", self._wandb_mode, self.run_dir, why)
         return None
 
@@ -407,7 +407,7 @@ class RunLog:
             self._drop_wandb("W&B log failed", e)
 
     def _drop_wandb(self, what: str, e: Exception) -> None:
-        logger.warning("%s, mirroring stopped, logging locally only: %s", what, _first_line(e))
+        logger.warning("%s, mirroring stopped, logging locally only: %s", what, first_line(e))
         run, self._wandb = self._wandb, None
         # Finishing may wait on the network, so it happens off the training thread.
         threading.Thread(target=_quiet_finish, args=(run, 1, False), daemon=True).start()
@@ -417,7 +417,7 @@ class RunLog:
             try:
                 run.summary.update({**summary, "status": status})
             except Exception as e:
-                logger.warning("W&B summary update failed (summary.json is complete): %s", _first_line(e))
+                logger.warning("W&B summary update failed (summary.json is complete): %s", first_line(e))
             _quiet_finish(run, 0 if status == "completed" else 1, warn=True)
 
         # finish_timeout bounds wandb's upload wait; the thread bounds everything else in finish.
@@ -432,7 +432,7 @@ def _quiet_finish(run: Any, exit_code: int, warn: bool) -> None:
     try:
         run.finish(exit_code=exit_code)
     except Exception as e:  # after a failed log the warning has been given already
-        logger.log(logging.WARNING if warn else logging.DEBUG, "W&B finish failed: %s", _first_line(e))
+        logger.log(logging.WARNING if warn else logging.DEBUG, "W&B finish failed: %s", first_line(e))
 
 
 def _cell(value: Any) -> Any:
@@ -440,7 +440,8 @@ def _cell(value: Any) -> Any:
     return json.dumps(_finite(value)) if isinstance(value, dict | list) else value
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception as one line: the first line of its message, or its type's name if it has none."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 

@@ -30,7 +30,7 @@ from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_
 from harness.objectives import aggregate, get_objective
 from harness.rewards import grade
 from harness.rollout import engine_from_config
-from harness.runlog import RunLog, WandbSettings, read_jsonl
+from harness.runlog import RunLog, WandbSettings, first_line, read_jsonl
 from harness.tasks import arith_config, load_problems, render_prompts
 from harness.tasks.arith import balanced_sample
 from harness.tokens import TokenSamples, token_rows
@@ -69,7 +69,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
                 cfg.rollout, str(model_path), cfg.precision.name, cfg.seed, cfg.model.max_model_len, cfg.device
             )
         except (ValueError, OSError, ImportError) as exc:
-            raise SetupError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) from exc
+            raise SetupError(first_line(exc)) from exc
         engine.sync_weights(policy.state_dict())
         optimizer = torch.optim.AdamW(
             policy.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
@@ -162,13 +162,14 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             for rows in order.chunk(t.minibatches):
                 full_mask = batch.mask[rows]
                 active = (batch.advantages[rows] != 0).any(1)
+                has_signal = bool(active.any())
                 measuring = not step_metrics  # nothing measured yet this step
-                if not bool(active.any()) and not measuring:
+                if not has_signal and not measuring:
                     continue
-                if bool(active.any()):
+                if has_signal:
                     rows = rows[active]
                 mb = batch.select(rows)
-                with torch.set_grad_enabled(bool(active.any())):
+                with torch.set_grad_enabled(has_signal):
                     lp = policy_logprobs(
                         policy,
                         mb,
@@ -179,7 +180,7 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
                 m = {"rollout/entropy": _masked_mean(lp.entropy, mb.mask)}
                 if measuring:  # before the step's first update: the pure training-inference mismatch
                     m.update(_mismatch(lp.logp.detach(), mb))
-                if bool(active.any()):
+                if has_signal:
                     mb_old = None if old_logp is None else old_logp[rows][:, : mb.mask.shape[1]]
                     out = objective(
                         logp=lp.logp,

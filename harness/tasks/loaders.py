@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.rewards import gradable, last_boxed
+from harness.runlog import first_line
 from harness.tasks.arith import Problem
 
 FILE_TYPES = (".jsonl", ".parquet")
@@ -110,7 +111,7 @@ def _hub_rows(name: str, split: str, key: str) -> Iterator[tuple[str, dict[str, 
     try:
         ds = datasets.load_dataset(name, split=split)
     except Exception as e:  # no network, an unknown name or split: all one answer for the user
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ValueError(
             f"{key}: hub dataset {name!r} (split {split!r}) could not be downloaded ({type(e).__name__}: {reason}); "
             f"pass a local {' or '.join(FILE_TYPES)} file instead"
