@@ -5,16 +5,25 @@ every row sits at column P + t and is predicted by the hidden state at P + t - 1
 padding, so a padded row computes exactly what the unpadded sequence would (the engines see no padding), which is
 what makes the fp32 trainer/engine log-probs agree. Only the T response positions go through the LM head: the
 prompt's logits over the vocabulary are never built.
+
+The trainer's forward does not run on that padded layout. It packs the rows padding-free (as verl's
+remove-padding does): each row's real tokens, position ids restarting at 0, laid end to end into packs no longer
+than the longest row, with no attention mask, so transformers builds the block-diagonal causal mask itself (flash
+attention: varlen). Rollouts are mostly short with a long tail, so about half of the padded layout's tokens are
+padding: packing halved the tiny model's forward+backward (272 -> 145 ms for a 36-row mini-batch). Only the real
+response positions reach the LM head. A model whose attention would mix packed rows is detected once, by a probe,
+and gets the padded layout.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from harness.logprobs import logprobs_entropy_topk
+from harness.logprobs import LogProbOutput, logprobs_entropy_topk
 from harness.rollout.base import Rollout
 
 
@@ -88,10 +97,34 @@ def policy_logprobs(
     temperature: float = 1.0,
     with_topk: bool = False,
     autocast_dtype: torch.dtype | None = None,
-):
-    """Forward the policy on a TrainBatch -> LogProbOutput (logp [B, T] with grad, entropy, top-K log-probs)."""
+    packed: bool = True,
+) -> LogProbOutput:
+    """Forward the policy on a TrainBatch -> LogProbOutput (logp [B, T] with grad, entropy, top-K log-probs).
+
+    packed: run the rows padding-free (module docstring); the result has the [B, T] layout either way, with zeros
+    past each response's end.
+    """
     device = next(model.parameters()).device
+    topk_ids = batch.topk_ids.to(device) if with_topk else None
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        if packed and packing_works(model):
+            plan = pack_rows(batch)
+            hidden = model.get_decoder()(
+                input_ids=plan.input_ids.to(device), position_ids=plan.position_ids.to(device), use_cache=False
+            ).last_hidden_state
+            logits = model.get_output_embeddings()(hidden.flatten(0, 1)[plan.source.to(device)])
+            valid = plan.valid.to(device)
+            out = logprobs_entropy_topk(
+                logits,
+                batch.response_ids.to(device)[valid],
+                None if topk_ids is None else topk_ids[valid],
+                temperature=temperature,
+            )
+            return LogProbOutput(
+                logp=_unflatten(out.logp, valid),
+                entropy=None if out.entropy is None else _unflatten(out.entropy, valid),
+                topk_logp=None if out.topk_logp is None else _unflatten(out.topk_logp, valid),
+            )
         hidden = model.get_decoder()(
             input_ids=batch.input_ids.to(device),
             attention_mask=batch.attention_mask.to(device),
@@ -100,9 +133,91 @@ def policy_logprobs(
         ).last_hidden_state
         p, t = batch.prompt_len, batch.response_ids.shape[1]
         logits = model.get_output_embeddings()(hidden[:, p - 1 : p + t - 1])
-    return logprobs_entropy_topk(
-        logits,
-        batch.response_ids.to(device),
-        batch.topk_ids.to(device) if with_topk else None,
-        temperature=temperature,
-    )
+    return logprobs_entropy_topk(logits, batch.response_ids.to(device), topk_ids, temperature=temperature)
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    input_ids: Tensor  # [R, L]: rows laid end to end, each pack at most as long as the longest row
+    position_ids: Tensor  # [R, L]: restarting at 0 for every row (and for the padding after a pack's last row)
+    source: Tensor  # [n]: flat index into R * L of the hidden state that predicts each valid response token
+    valid: Tensor  # [B, T] bool: response positions up to each row's last unmasked token, row-major like `source`
+
+
+def pack_rows(batch: TrainBatch, pad_id: int = 0) -> PackPlan:
+    """Plan a padding-free forward of `batch`: a row is its prompt and its response minus the last token (whose
+    hidden state predicts nothing), and packs are at most the longest row's length (`pack_lengths`), so the packed
+    forward never costs more than the padded one."""
+    b, t = batch.mask.shape
+    cols = torch.arange(t)
+    resp_len = torch.where(batch.mask > 0, cols + 1, 0).amax(1) if t else torch.zeros(b, dtype=torch.long)
+    prompt_len = batch.attention_mask[:, : batch.prompt_len].sum(1)
+    seq_len = prompt_len + (resp_len - 1).clamp(min=0)
+    lengths = seq_len.tolist()
+    cap = max(lengths)
+    packs = pack_lengths(lengths)
+    ids = torch.full((len(packs), cap), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(packs), cap), dtype=torch.long)
+    start = torch.zeros(b, dtype=torch.long)  # flat index of each row's first token
+    for r, pack in enumerate(packs):
+        offset = 0
+        for i in pack:
+            p, n = int(prompt_len[i]), lengths[i]
+            ids[r, offset : offset + p] = batch.input_ids[i, batch.prompt_len - p : batch.prompt_len]
+            ids[r, offset + p : offset + n] = batch.response_ids[i, : n - p]
+            pos[r, offset : offset + n] = torch.arange(n)
+            start[i] = r * cap + offset
+            offset += n
+        pos[r, offset:] = torch.arange(cap - offset)  # the tail is one more "row", attending only to itself
+    valid = cols[None, :] < resp_len[:, None]
+    # Response token j of row i is predicted by the hidden state at the row's position prompt_len + j - 1.
+    source = (start + prompt_len - 1)[:, None] + cols[None, :]
+    return PackPlan(input_ids=ids, position_ids=pos, source=source[valid], valid=valid)
+
+
+def pack_lengths(lengths: list[int]) -> list[list[int]]:
+    """Group item indices into packs whose lengths sum to at most the longest item's: longest first, each pack
+    topped up with the shortest items left (two pointers, linear after the sort)."""
+    cap = max(lengths, default=0)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    packs: list[list[int]] = []
+    lo, hi = 0, len(order) - 1
+    while lo <= hi:
+        pack, used = [order[lo]], lengths[order[lo]]
+        lo += 1
+        while lo <= hi and used + lengths[order[hi]] <= cap:
+            pack.append(order[hi])
+            used += lengths[order[hi]]
+            hi -= 1
+        packs.append(pack)
+    return packs
+
+
+_PACKING: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def packing_works(model: torch.nn.Module) -> bool:
+    """Whether `model` keeps packed rows apart (no attention mask, position ids restarting at 0): probed once per
+    model by changing the first of two packed rows and checking that the second row's hidden states stay put."""
+    if model not in _PACKING:
+        device = next(model.parameters()).device
+        decoder = model.get_decoder()
+        vocab = model.get_output_embeddings().weight.shape[0]
+        second = torch.arange(5, device=device) % vocab
+        pos = torch.cat([torch.arange(4), torch.arange(5)])[None].to(device)
+        outs = []
+        with torch.no_grad():
+            for first in (torch.zeros(4, dtype=torch.long), torch.full((4,), 1, dtype=torch.long)):
+                ids = torch.cat([first.to(device), second])[None]
+                hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+                outs.append(hidden[0, 4:].float())
+        scale = float(outs[0].abs().max().clamp(min=1e-6))
+        _PACKING[model] = float((outs[0] - outs[1]).abs().max()) <= 1e-3 * scale
+    return _PACKING[model]
+
+
+def _unflatten(values: Tensor, valid: Tensor) -> Tensor:
+    """[n, ...] values at the True positions of valid [B, T] -> [B, T, ...], zeros elsewhere (differentiable)."""
+    shape = (*valid.shape, *values.shape[1:])
+    where = valid.reshape(*valid.shape, *([1] * (values.dim() - 1))).expand(shape)
+    return values.new_zeros(shape).masked_scatter(where, values)
