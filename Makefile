@@ -50,6 +50,14 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 	  || failed="$$failed $$name"; done; \
 	if [ -n "$$failed" ]; then echo "mini-repro: failed:$$failed" >&2; exit 1; fi
 
+# TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`.
+$(VENV)/.bench-extra: $(STAMP)
+	$(PY) -m pip install -q --no-compile -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B5 against their same-process baselines, then one summary table
+	$(PY) -m bench
+
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .
 

@@ -38,31 +38,37 @@ Peak extra memory (bytes allocated beyond the inputs, at the worst moment of the
 In ``fwd+bwd`` both variants must produce the bf16 gradient of the logits (N*V*2 bytes); it is part
 of both "extra" numbers and sets the floor for ours.
 
-Targets (performance.md B1/B5): memory ratio naive/ours >= 8, time ratio ours/naive <= 1.2.
-Writes bench/results/logprobs.json.
+Targets (performance.md B1/B5): memory ratio naive/ours >= 8 (in fwd+bwd, beyond the gradient both return),
+time ratio ours/naive <= 1.2 on CPU and <= 1.0 on CUDA. Timing and memory helpers live in bench.common.
+Writes bench/results/logprobs.json (meta, rows, and the summary rows ``python -m bench.summary`` prints).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
-import platform
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch._C._profiler import _EventType
 
+from bench.common import (
+    RESULTS_DIR,
+    base_meta,
+    paired_medians,
+    peak_extra_bytes,
+    reuse_freed_memory,
+    summary_row,
+    write_results,
+)
+from bench.common import cpu_peak_extra_bytes as cpu_peak_extra_bytes  # re-exported: tests import it from here
 from harness.logprobs import _rows_per_chunk, logprobs_entropy_topk, token_logprobs
 
 VOCAB = 151936
 CPU_ROWS = (256, 1024)
 CUDA_ROWS = (2048, 16384)
 TEMPERATURE = 1.0
-RESULTS = Path(__file__).resolve().parent / "results" / "logprobs.json"
+RESULTS = RESULTS_DIR / "logprobs.json"
 
 
 # --- the two implementations ------------------------------------------------------------------
@@ -104,84 +110,6 @@ def fwd_bwd_phase(impl: Callable, leaf: torch.Tensor, ids: torch.Tensor) -> Call
         leaf.grad = None  # freed at the end, so a profiled run starts without last run's gradient
 
     return run
-
-
-# --- measurement -----------------------------------------------------------------------------
-
-
-def reuse_freed_memory() -> bool:
-    """Keep freed blocks in this process (glibc); returns False where that is not possible."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, -1))  # -1: never trim
-
-
-def time_ms(run: Callable[[], None], device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    run()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def paired_medians(
-    ours: Callable[[], None], naive: Callable[[], None], device: torch.device, warmup: int, reps: int
-) -> tuple[float, float]:
-    for _ in range(warmup):
-        ours()
-        naive()
-    t_ours, t_naive = [], []
-    for rep in range(reps):
-        # Alternate who goes first so neither always runs on a cache/allocator left by the other.
-        order = [(ours, t_ours), (naive, t_naive)]
-        for run, out in order if rep % 2 == 0 else order[::-1]:
-            out.append(time_ms(run, device))
-    return statistics.median(t_ours), statistics.median(t_naive)
-
-
-def cpu_peak_extra_bytes(run: Callable[[], None]) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    allocations = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu":
-            allocations.append((event.start_time_ns, event.typed[1].alloc_size))
-        stack.extend(event.children)
-    if not allocations:
-        raise RuntimeError("the profiler reported no CPU allocations; cannot measure CPU memory")
-    allocations.sort()
-    running = peak = 0
-    for _, size in allocations:
-        running += size
-        peak = max(peak, running)
-    return peak
-
-
-def cuda_peak_extra_bytes(run: Callable[[], None], device: torch.device) -> int:
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    run()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
-
-
-def peak_extra_bytes(run: Callable[[], None], device: torch.device) -> int:
-    run()  # settle lazily allocated state (autograd buffers, cuBLAS/allocator init) before measuring
-    if device.type == "cuda":
-        return cuda_peak_extra_bytes(run, device)
-    return cpu_peak_extra_bytes(run)
 
 
 # --- cases -----------------------------------------------------------------------------------
@@ -246,6 +174,22 @@ def format_row(r: dict) -> str:
     )
 
 
+def summarize(rows: list[dict]) -> list[dict]:
+    """B1's targets per case: time ours/naive (<= 1.2 on CPU, B5's smoke bound; never slower on GPU) and the
+    memory ratio naive/ours >= 8. In fwd+bwd the memory ratio is taken beyond the bf16 gradient both return."""
+    out = []
+    for r in rows:
+        case = f"{r['phase']} {r['device']} N={r['N']}"
+        time_target = "<= 1.2" if r["device"] == "cpu" else "<= 1.0"
+        out.append(summary_row("B1", case, "time ratio ours/naive", r["time_ratio"], time_target))
+        if r["grad_mb"]:
+            mem = (r["naive_extra_mb"] - r["grad_mb"]) / max(r["ours_extra_mb"] - r["grad_mb"], 1e-9)
+            out.append(summary_row("B1", case, "mem ratio naive/ours beyond grad", mem, ">= 8"))
+        else:
+            out.append(summary_row("B1", case, "mem ratio naive/ours", r["mem_ratio"], ">= 8"))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per variant (median)")
@@ -279,20 +223,13 @@ def main() -> None:
         "return; beyond it ours holds "
         + ", ".join(f"{r['ours_extra_mb'] - r['grad_mb']:.1f} MB (N={r['N']})" for r in rows if r["grad_mb"])
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "threads": args.threads,
-        "reps": args.reps,
-        "warmup": args.warmup,
-        "glibc_reuse_freed_memory": reused,
+        **base_meta(args.threads, args.reps, args.warmup, reused),
         "temperature": TEMPERATURE,
         "cpu_memory_method": "torch.profiler allocation events, running-total peak",
         "wall_s": time.perf_counter() - t0,
     }
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_results("logprobs", meta, rows, summarize(rows), out=args.out)
     print(f"wrote {args.out} ({meta['wall_s']:.0f} s)")
 
 

@@ -375,3 +375,18 @@ def _defaults(schema: type) -> dict[str, Any]:
         value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose(*overrides: str) -> dict[str, Any]:
+    """The project's config composed with Hydra overrides, unresolved, outside `run.py` (tests, benchmarks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False)

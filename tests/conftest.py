@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.config import compose  # noqa: F401  (tests import it from here)
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,19 +40,6 @@ FAST_TRAINER = [
     # process holds the other core.
     "trainer.threads=1",
 ]
-
-
-def compose(*overrides: str) -> dict:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from harness.config import register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

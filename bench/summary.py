@@ -1,0 +1,54 @@
+"""One table of every benchmark's targets: the ``summary`` rows of bench/results/*.json, in file order.
+
+Run: ``python -m bench.summary [--results DIR]``
+
+Each results file (written through bench.common.write_results) carries ``"summary": [{"id", "case", "metric",
+"value", "target", "met"}, ...]``; this script only reads and prints them, so it always exits 0: a missed
+target is a finding to read, not a failure of the run. Files without a summary block are named and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.common import RESULTS_DIR, format_summary
+
+ORDER = ("logprobs", "topk", "rollout", "rl_step", "objectives")  # B1, B2, B3, B4, B5
+
+
+def load_summaries(results: Path) -> tuple[list[dict], list[str]]:
+    """(all summary rows, notes on files that had none)."""
+    files = sorted(results.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p))
+    rows, notes = [], []
+    for path in files:
+        try:
+            summary = json.loads(path.read_text()).get("summary")
+        except (OSError, ValueError) as e:
+            notes.append(f"{path.name}: unreadable ({e})")
+            continue
+        if not summary:
+            notes.append(f"{path.name}: no summary block (written before bench.common, or by an older script)")
+            continue
+        rows += summary
+    return rows, notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    rows, notes = load_summaries(args.results)
+    if rows:
+        print(format_summary(rows))
+        met = sum(bool(r["met"]) for r in rows)
+        print(f"{met}/{len(rows)} targets met")
+    else:
+        print(f"no summary rows in {args.results}")
+    for note in notes:
+        print(note)
+
+
+if __name__ == "__main__":
+    main()

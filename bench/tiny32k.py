@@ -1,0 +1,156 @@
+"""A random-init tiny Qwen3 with a 32k vocabulary, for the rollout (B3) and RL-step (B4) benchmarks.
+
+Why a separate model: the harness's tiny preset has a ~1k vocab, where the LM head is negligible and HF
+``generate`` already matches vLLM on CPU (stack.md section 5). A real-sized vocab makes the head and the per-token
+softmax/sampling work dominate, which is the regime the benchmarks' targets are about. The shape is the tiny
+preset's (hidden 256, 4 layers, 4 heads, 2 kv heads, head_dim 64, MLP 512, tied embeddings); only the vocab
+differs. Random init, no SFT: only timing is measured.
+
+Tokenizer: a byte-level BPE trained on the harness's arithmetic strings (about 1k tokens, the same specials, EOS
+and chat template as harness/models.py, so harness prompts render and EOS is the same token), then padded to
+exactly 32768 entries with filler tokens. Fillers have no merge that produces them, so encoding never yields
+them, but the model can sample them and they decode to text like any other token. HF, vLLM and the harness all
+load the folder with their usual ``from_pretrained``.
+
+Run: ``python -m bench.tiny32k`` prints the folder (built once, cached under ``$HARNESS_CACHE`` or
+``~/.cache/trust-region-harness/bench-tiny32k-<hash>``; deterministic for its settings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import string
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from harness.models import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, default_cache_dir
+from harness.tasks.arith import ArithConfig, demonstration, make_splits
+
+BUILD_VERSION = 1  # bump when the recipe below changes, so a stale cached folder is not reused
+
+
+@dataclass(frozen=True)
+class Tiny32kConfig:
+    vocab_size: int = 32768
+    bpe_vocab: int = 1000
+    """size the BPE is trained to before padding (the tiny preset's target)"""
+    corpus_problems: int = 20000
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    seed: int = 0
+
+
+def model_dir(cfg: Tiny32kConfig = Tiny32kConfig(), cache_dir: Path | None = None) -> Path:
+    key = json.dumps({"build": BUILD_VERSION, **asdict(cfg)}, sort_keys=True)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / f"bench-tiny32k-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def build(cfg: Tiny32kConfig = Tiny32kConfig(), cache_dir: Path | None = None) -> Path:
+    """The model folder, built on first use. Written beside the final folder and renamed, so a concurrent reader
+    never sees half a model."""
+    final = model_dir(cfg, cache_dir)
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        _build_into(tmp, cfg)
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _build_into(out: Path, cfg: Tiny32kConfig) -> None:
+    tokenizer = _tokenizer(cfg)
+    if len(tokenizer) != cfg.vocab_size:
+        raise RuntimeError(f"tiny32k: tokenizer has {len(tokenizer)} tokens, expected {cfg.vocab_size}")
+    torch.manual_seed(cfg.seed)
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "tiny32k_build.json").write_text(json.dumps({"build": BUILD_VERSION, **asdict(cfg)}, indent=2) + "\n")
+
+
+def _tokenizer(cfg: Tiny32kConfig) -> PreTrainedTokenizerFast:
+    train, _ = make_splits(ArithConfig())
+    rng = random.Random(f"tiny32k:{cfg.seed}")
+    problems = rng.sample(train, min(cfg.corpus_problems, len(train)))
+    corpus = [s for p in problems for s in (p.question, demonstration(p))]
+    bpe = Tokenizer(BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=cfg.bpe_vocab,
+            min_frequency=2,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    # Pad the model's vocab with fillers: "~" plus lowercase letters, all printable ASCII, which byte-level BPE
+    # maps to themselves, so they decode to exactly that text. No merges are added, so encoding is unchanged.
+    spec = json.loads(bpe.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1
+    letters = string.ascii_lowercase
+    i = 0
+    while next_id < cfg.vocab_size:
+        word, k = "", i
+        for _ in range(4):  # 26**4 = 456976 distinct fillers, more than any vocab here needs
+            word, k = word + letters[k % 26], k // 26
+        i += 1
+        if f"~{word}" not in vocab:
+            vocab[f"~{word}"] = next_id
+            next_id += 1
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token=EOS,
+        pad_token=PAD,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=cfg.max_position_embeddings,
+    )
+
+
+if __name__ == "__main__":
+    print(build())
