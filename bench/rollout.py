@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--tokens", type=int, default=32, help="max new tokens (the issue names 128: ~4x the time)")
     parser.add_argument("--hf-reps", type=int, default=1, help="timed HF calls (median)")
-    parser.add_argument("--reps", type=int, default=2, help="timed vLLM calls per K (median)")
+    parser.add_argument("--reps", type=int, default=1, help="timed vLLM calls per K (1: make bench in 10 min)")
     parser.add_argument("--warmup-tokens", type=int, default=8, help="length of each engine's warm-up call")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the box is shared)")
     parser.add_argument("--seed", type=int, default=0)
