@@ -1,6 +1,6 @@
 """B1: chunked log-prob + entropy (harness.logprobs) against the naive full-vocab fp32 path.
 
-Run: ``python -m bench.logprobs [--reps 20] [--warmup 3] [--threads 1]``
+Run: ``python -m bench.logprobs [--reps 20] [--warmup 1] [--threads 1]``
 
 Cases: bf16 logits [N, V=151936] with random labels, N in {256, 1024} on CPU and, when CUDA is
 available, N in {2048, 16384} on the GPU. Phases, each timed for ours and the naive baseline on the
@@ -193,7 +193,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per variant (median)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the box is shared)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)

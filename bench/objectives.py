@@ -1,6 +1,6 @@
 """B5: every objective's RL step time on one batch, against GRPO, with the tiny model on CPU.
 
-Run: ``python -m bench.objectives [--reps 20] [--warmup 3] [--threads 1] [--model DIR]``
+Run: ``python -m bench.objectives [--reps 20] [--warmup 1] [--threads 1] [--model DIR]``
 
 Why the tiny model and not shared logits: B2 already times the loss path from logits, where a 151936-token
 vocabulary makes the log-prob pass dwarf any objective. Here the model is ~2.6M parameters with a ~1k vocabulary
@@ -163,7 +163,7 @@ def recompute_run(policy: torch.nn.Module, batch: TrainBatch) -> Callable[[], No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per variant (median)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the box is shared)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

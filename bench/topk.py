@@ -1,6 +1,6 @@
 """B2: the cost of DPPO's Top-K divergence in the trainer's loss path, against GRPO on the same logits.
 
-Run: ``python -m bench.topk [--reps 20] [--warmup 3] [--threads 1] [--rows 256 1024]``
+Run: ``python -m bench.topk [--reps 20] [--warmup 1] [--threads 1] [--rows 256 1024]``
 
 What is timed is the loss path exactly as harness/train.py runs it for one mini-batch, from logits onwards:
 ``logprobs_entropy_topk`` over bf16 logits [B, T, V=151936] (with the rollout's top-K ids when the objective
@@ -208,7 +208,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per variant (median)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the box is shared)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows", type=int, nargs="+", default=list(CPU_ROWS), help="CPU N values (multiples of 64)")
