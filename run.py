@@ -9,7 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import JobFailed, check_group_options, check_output_dir, run_job, sweep_exit_code
+from harness.cli import JobFailed, check_group_options, check_output_dir, run_job, share_run_stamp, sweep_exit_code
 from harness.config import register_schemas
 
 register_schemas()
@@ -27,6 +27,7 @@ def main(cfg: DictConfig) -> float | JobFailed | None:
 if __name__ == "__main__":  # the guard matters: vLLM may spawn processes that re-import this file
     check_group_options(sys.argv[1:])
     check_output_dir(sys.argv[1:])
+    share_run_stamp()  # torchrun: every process must write the same run directory
     sys.argv.append(SWEEP_REPORT)
     main()
     sys.exit(sweep_exit_code())

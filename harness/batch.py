@@ -109,10 +109,7 @@ def policy_logprobs(
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         if packed and packing_works(model):
             plan = pack_rows(batch)
-            hidden = model.get_decoder()(
-                input_ids=plan.input_ids.to(device), position_ids=plan.position_ids.to(device), use_cache=False
-            ).last_hidden_state
-            logits = model.get_output_embeddings()(hidden.flatten(0, 1)[plan.source.to(device)])
+            logits = _logits_at(model, plan.input_ids.to(device), plan.position_ids.to(device), None, plan.source)
             valid = plan.valid.to(device)
             out = logprobs_entropy_topk(
                 logits,
@@ -125,15 +122,46 @@ def policy_logprobs(
                 entropy=None if out.entropy is None else _unflatten(out.entropy, valid),
                 topk_logp=None if out.topk_logp is None else _unflatten(out.topk_logp, valid),
             )
-        hidden = model.get_decoder()(
-            input_ids=batch.input_ids.to(device),
-            attention_mask=batch.attention_mask.to(device),
-            position_ids=batch.position_ids.to(device),
-            use_cache=False,
-        ).last_hidden_state
         p, t = batch.prompt_len, batch.response_ids.shape[1]
-        logits = model.get_output_embeddings()(hidden[:, p - 1 : p + t - 1])
+        b, length = batch.input_ids.shape
+        flat = (torch.arange(b)[:, None] * length + torch.arange(p - 1, p + t - 1)[None]).flatten()
+        logits = _logits_at(
+            model,
+            batch.input_ids.to(device),
+            batch.position_ids.to(device),
+            batch.attention_mask.to(device),
+            flat,
+        ).unflatten(0, (b, t))
     return logprobs_entropy_topk(logits, batch.response_ids.to(device), topk_ids, temperature=temperature)
+
+
+def _logits_at(
+    model: torch.nn.Module, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None, flat: Tensor
+) -> Tensor:
+    """[n, V] logits of the hidden states at `flat` (indices into the B * L positions), without the logits of
+    every position: the decoder, then the head on the kept rows only.
+
+    A model sharded by FSDP2 has to be called through its own forward (the root's hooks gather the embeddings,
+    final norm and head), so it gets the positions any row needs via `logits_to_keep` and the rows are picked
+    from those."""
+    from torch.distributed.fsdp import FSDPModule
+
+    flat = flat.to(input_ids.device)
+    if not isinstance(model, FSDPModule):
+        hidden = model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return model.get_output_embeddings()(hidden.flatten(0, 1)[flat])
+    length = input_ids.shape[1]
+    keep = torch.unique(flat % length)  # sorted
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits  # [B, len(keep), V]
+    return logits.flatten(0, 1)[(flat // length) * len(keep) + torch.searchsorted(keep, flat % length)]
 
 
 @dataclass(frozen=True)
@@ -201,7 +229,6 @@ def packing_works(model: torch.nn.Module) -> bool:
     model by changing the first of two packed rows and checking that the second row's hidden states stay put."""
     if model not in _PACKING:
         device = next(model.parameters()).device
-        decoder = model.get_decoder()
         vocab = model.get_output_embeddings().weight.shape[0]
         second = torch.arange(5, device=device) % vocab
         pos = torch.cat([torch.arange(4), torch.arange(5)])[None].to(device)
@@ -209,8 +236,7 @@ def packing_works(model: torch.nn.Module) -> bool:
         with torch.no_grad():
             for first in (torch.zeros(4, dtype=torch.long), torch.full((4,), 1, dtype=torch.long)):
                 ids = torch.cat([first.to(device), second])[None]
-                hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
-                outs.append(hidden[0, 4:].float())
+                outs.append(_logits_at(model, ids, pos, None, torch.arange(4, 9)).float())
         scale = float(outs[0].abs().max().clamp(min=1e-6))
         _PACKING[model] = float((outs[0] - outs[1]).abs().max()) <= 1e-3 * scale
     return _PACKING[model]

@@ -20,13 +20,14 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_model
+from safetensors.torch import save_file, save_model
 
 from harness.runlog import atomic_write_text, first_line, fsync_path
 
@@ -46,6 +47,8 @@ def save_checkpoint(
     extra: dict[str, Any],
     keep: int = 2,
     pause_s: float = 0.0,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optim_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoints/step_<step>/, point `latest` at it, and keep only the newest `keep` checkpoints.
 
@@ -55,6 +58,9 @@ def save_checkpoint(
 
     A failed write (disk full, file-size limit) removes its temp folder and raises OSError naming the step; the
     checkpoints already on disk are untouched.
+
+    `model_state` / `optim_state`, when given, are written instead of the modules' own state: a multi-process run
+    passes the full (unsharded) tensors its rank 0 gathered (harness.distributed).
     """
     if keep < 1:
         raise ValueError(f"checkpoint keep={keep} is not allowed; keep at least 1")
@@ -66,8 +72,11 @@ def save_checkpoint(
 
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{_TMP_PREFIX}step_{step}-"))
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if model_state is None:
+            save_model(model, str(tmp / "model.safetensors"))
+        else:
+            _save_tensors(model_state, tmp / "model.safetensors")
+        torch.save(optimizer.state_dict() if optim_state is None else optim_state, tmp / "optimizer.pt")
         torch.save({"step": int(step), "extra": extra, "rng": _rng_state()}, tmp / "state.pt")
         for f in tmp.iterdir():
             fsync_path(f)  # the data must be on disk before the rename makes the folder count as complete
@@ -95,9 +104,31 @@ def save_checkpoint(
     return final
 
 
-def load_latest(run_dir: Path | str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+def _save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """A state dict in save_model's layout: a tensor shared under two names (a tied head) stored once, the other
+    name kept in the metadata as an alias of it."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, int], str] = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen and t.numel():
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            kept[name] = t.detach().contiguous()
+    save_file(kept, str(path), metadata=aliases)
+
+
+Restore = Callable[[dict[str, torch.Tensor], Any], None]
+
+
+def load_latest(
+    run_dir: Path | str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, restore: Restore | None = None
+) -> dict[str, Any] | None:
     """Restore the newest readable checkpoint into `model` and `optimizer`, and restore the RNG streams.
 
+    `restore(tensors, optimizer_state)` replaces the plain load_state_dict calls (a sharded model).
     Returns {"step": k, "extra": {...}, "path": Path} or None if there is no checkpoint. An unreadable
     checkpoint (truncated or corrupt file) costs one warning and the previous one is tried; a readable one
     that does not fit the model or optimizer raises ValueError, since an older one would not fit either.
@@ -114,8 +145,11 @@ def load_latest(run_dir: Path | str, model: torch.nn.Module, optimizer: torch.op
             if kept in tensors:
                 tensors[alias] = tensors[kept]
         try:
-            model.load_state_dict(tensors, strict=True)
-            optimizer.load_state_dict(opt_state)
+            if restore is None:
+                model.load_state_dict(tensors, strict=True)
+                optimizer.load_state_dict(opt_state)
+            else:  # a sharded model: the caller scatters the full tensors (harness.distributed.load_full_state)
+                restore(tensors, opt_state)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {first_line(e)}") from e
         _set_rng_state(state["rng"])

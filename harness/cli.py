@@ -109,8 +109,12 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
         # every core in every job, and OpenMP threads that spin-wait for a core another job holds make a step
         # 10x or more slower than one thread does (2 jobs on 2 cores: 9-21 s per step at 2 threads, <1 s at 1).
         trainer["threads"] = threads_from_env()
+    from harness import machine
+
     try:
         run_cfg = validate(raw)
+        # What this machine lacks for the config (CUDA, FP8, vLLM, GPUs): one line, before any model is built.
+        machine.check(run_cfg, machine.probe())
     except ValueError as exc:
         raise SetupError(str(exc)) from exc
     if run_cfg.mode == "eval":
@@ -122,8 +126,33 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     from harness.train import train
 
     summary = train(run_cfg, run_dir, raw)
-    print_summary(summary)
+    if rank_from_env() == 0:  # under torchrun every process returns; rank 0 speaks for the run
+        print_summary(summary)
     return summary.get("final_score")
+
+
+def rank_from_env() -> int:
+    value = os.environ.get("RANK", "0").strip()
+    return int(value) if value.isdigit() else 0
+
+
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+
+
+def share_run_stamp() -> None:
+    """Under torchrun every process composes the config; they must agree on the run directory, whose name has the
+    start time in it. Rank 0's time goes to all of them (HARNESS_RUN_STAMP, read by the `run_stamp` resolver)."""
+    from harness import distributed
+
+    if distributed.world_size_from_env() == 1 or "HARNESS_RUN_STAMP" in os.environ:
+        return
+    d = distributed.setup()
+    os.environ["HARNESS_RUN_STAMP"] = distributed.broadcast(time.strftime(STAMP_FORMAT), d)
+
+
+def run_stamp(fmt: str = STAMP_FORMAT) -> str:
+    """The time in a run directory's name: now, or the one rank 0 of a torchrun run shared (`share_run_stamp`)."""
+    return os.environ.get("HARNESS_RUN_STAMP") or time.strftime(fmt)
 
 
 def threads_from_env() -> int | None:
@@ -141,6 +170,8 @@ def record_failure(run_dir: Path, exc: BaseException) -> str:
     message = first_line(exc)
     named = message == type(exc).__name__  # no message of its own
     error = message if isinstance(exc, SetupError) or named else f"{type(exc).__name__}: {message}"
+    if rank_from_env() != 0:  # rank 0 writes the run directory; another rank's failure also fails rank 0's run
+        return error
     path = run_dir / "summary.json"
     summary: dict[str, Any] = {}
     try:

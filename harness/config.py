@@ -30,6 +30,20 @@ class ModelConfig:
         default=None, metadata={"help": "hub id or local directory of a causal LM; null = build the tiny model"}
     )
     max_model_len: int = field(default=512, metadata={"ge": 16, "help": "prompt + response tokens (vLLM cache)"})
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32",
+        metadata={"help": "the trainer's weights (and optimizer state); bf16 compute comes from `precision`"},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in backward (long responses on real checkpoints)"}
+    )
+    architecture: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "the checkpoint's config.json fields (model_type, sizes): meta-device checks and planning "
+            "without a download; a run uses the checkpoint's own config"
+        },
+    )
     # The tiny model (used when path is null): tiny-learnability.md's measured recipe.
     vocab_size: int = field(default=1000, metadata={"ge": 64, "help": "BPE vocabulary to train"})
     hidden_size: int = field(default=256, metadata={"ge": 8})
@@ -70,7 +84,11 @@ class RolloutConfig:
     )
     enforce_eager: bool = field(default=True, metadata={"help": "vLLM without torch.compile (faster start on CPU)"})
     gpu_memory_utilization: float = field(default=0.4, metadata={"gt": 0, "le": 1, "help": "vLLM on GPU"})
-    tensor_parallel_size: int = field(default=1, metadata={"ge": 1})
+    tensor_parallel_size: int = field(default=1, metadata={"ge": 1, "help": "vLLM on GPU: shard over this many GPUs"})
+    sleep: bool = field(
+        default=True,
+        metadata={"help": "vLLM on GPU: free its memory (weights to CPU, KV cache dropped) while the trainer trains"},
+    )
 
 
 @dataclass(frozen=True)
@@ -361,6 +379,10 @@ def register_schemas() -> None:
 
     if not OmegaConf.has_resolver("safe_dirname"):
         OmegaConf.register_new_resolver("safe_dirname", safe_dirname)
+    if not OmegaConf.has_resolver("run_stamp"):
+        from harness.cli import run_stamp
+
+        OmegaConf.register_new_resolver("run_stamp", run_stamp)
 
     cs = ConfigStore.instance()
     for group, schema in GROUPS.items():

@@ -24,9 +24,11 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
 from tokenizers.models import BPE
 from tqdm.auto import tqdm
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -176,6 +178,33 @@ def load_policy(
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
+
+
+def architecture_config(architecture: dict) -> PretrainedConfig:
+    """A transformers config from a model preset's `architecture` block (its config.json fields), offline."""
+    fields = dict(architecture)
+    model_type = fields.pop("model_type", None)
+    if model_type is None:
+        raise ValueError("model.architecture: needs 'model_type' (e.g. qwen3, qwen3_moe, qwen2)")
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except ValueError as e:
+        raise ValueError(f"model.architecture: {first_line(e)}") from None
+
+
+def meta_model(architecture: dict) -> PreTrainedModel:
+    """The preset's architecture instantiated on the meta device: every module and parameter shape, no memory,
+    no download. What the FSDP2 wrapping and activation checkpointing of a real run are checked against."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(architecture_config(architecture))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a causal LM: FSDP2's sharding units (each is gathered for its own forward)."""
+    blocks = getattr(getattr(model, "model", None), "layers", None)
+    if blocks is None:
+        raise ValueError(f"{type(model).__name__}: no model.layers to shard (not a decoder-only HF causal LM?)")
+    return list(blocks)
 
 
 # ---------------------------------------------------------------- building the tiny model

@@ -9,7 +9,8 @@
 
 On CPU fp8 is simulated: quantize to float8_e4m3fn with amax scaling, then dequantize. The rounding error is
 the one a real fp8 kernel sees; the speed is not. On a GPU, vLLM's own `quantization="fp8"` replaces the
-fake-quant of the rollout copy (`vllm_kwargs`); training would use torchao float8 (not wired here).
+fake-quant of the rollout copy (`vllm_kwargs`), and fp8_e2e trains through torchao's float8 linears with the
+rowwise recipe (`convert_float8_training`).
 
 What gets quantized: every 2-D Linear weight (attention and MLP projections). Embeddings, norms and the output
 head stay in the copy's dtype, tied or not; that is also what vLLM's fp8 method does (the LM head and the
@@ -176,3 +177,17 @@ def fp8_unwrappable_reason(model_dir: str | Path) -> str | None:
     if model_type in CONV1D_MODEL_TYPES:
         return f"model_type '{model_type}' uses Conv1D projections, not nn.Linear"
     return None
+
+
+def convert_float8_training(model: nn.Module) -> None:
+    """fp8_e2e on a GPU: torchao swaps every nn.Linear except the output head for its Float8Linear (rowwise
+    scaling: one e4m3 scale per row of activations and weights, the recipe the CPU simulation mirrors). Call it
+    before FSDP2 shards the model. Needs torchao and an sm_89+ GPU (harness.machine checks both)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    convert_to_float8_training(
+        model,
+        config=Float8LinearConfig.from_recipe_name("rowwise"),
+        module_filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and module is not head,
+    )

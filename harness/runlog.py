@@ -448,3 +448,22 @@ def first_line(e: BaseException) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class NullLog:
+    """The log of ranks 1..N-1 of a multi-process run: rank 0 alone writes the run directory and W&B."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def log_eval(self, step: int, record: dict[str, Any]) -> None:
+        pass
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def finish(self, status: str, summary: dict[str, Any], error: str | None = None) -> None:
+        pass

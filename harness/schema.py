@@ -55,6 +55,8 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         return True, float(value)
     if tp is str:
         return isinstance(value, str), value
+    if origin is dict or tp is dict:
+        return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else value
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
             return False, value

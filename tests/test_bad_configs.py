@@ -98,3 +98,12 @@ def test_cli_rejects_a_bad_precision_model_pair_before_loading_anything(tmp_path
     assert res.stderr.startswith("error: precision.name: fp8_e2e")
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     assert time.perf_counter() - start < 30  # interpreter + torch import included; no model, no engine
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cli_rejects_cuda_on_a_machine_without_it_before_loading_anything(tmp_path):
+    res = run_cli("device=cuda", "rollout.tensor_parallel_size=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("error: device: cuda, but this machine has no usable CUDA device")
+    assert res.stderr.strip().endswith("use device=cpu")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"

@@ -12,7 +12,7 @@ from harness.rollout.hf import HFEngine
 
 ENGINES = ("hf", "vllm")
 # Settings only vLLM has; the HF engine ignores them so one call site serves both engines.
-_VLLM_ONLY = ("kv_cache_gb", "enforce_eager", "gpu_memory_utilization", "cpu_threads")
+_VLLM_ONLY = ("kv_cache_gb", "enforce_eager", "gpu_memory_utilization", "cpu_threads", "tensor_parallel_size", "sleep")
 
 __all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "ScoringEngine", "engine_from_config", "make_engine"]
 
@@ -70,4 +70,6 @@ def engine_from_config(rollout: Any, model_path: str, precision: str, seed: int,
         enforce_eager=rollout.enforce_eager,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         cpu_threads=rollout.threads,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        sleep=rollout.sleep,
     )

@@ -21,6 +21,11 @@ Choices and the vLLM 0.32 facts behind them:
 - An in-process CPU engine touches process state: it replaces `torch.set_num_threads` with a no-op, reseeds the
   global RNGs, and its sampler draws from the global torch RNG. The engine restores the first two after start-up
   and forks the RNG around generate, so building or using it leaves the trainer's threads and RNG stream alone.
+- On a GPU the engine shares the device with the trainer (colocated, as in verl): with `sleep=True` it is built
+  with vLLM's sleep mode and sleeps (weights offloaded to CPU, KV cache freed) between its calls, so training has
+  the memory; each generate or weight sync wakes it first. With `tensor_parallel_size > 1` vLLM runs its own worker
+  processes, and a weight sync sends the tensors to them with `collective_rpc("reload_weights")`, the call the
+  in-process path makes directly. (Written to vLLM 0.32's API; no GPU was available to run these paths here.)
 - CPU generate runs with `cpu_threads` (default 1) torch threads, then restores the trainer's count. vLLM serves
   with one thread for the same reason: its decode loop is many small ops between Python scheduling, and idle
   OMP workers spin. Measured on the 2-core machine, 64 prompts x 8 x 24 tokens, vocab 1k: about 4k tok/s with
@@ -67,6 +72,8 @@ class VLLMEngine:
         max_topk: int = 20,
         device: str = "cpu",
         cpu_threads: int | None = 1,
+        tensor_parallel_size: int = 1,
+        sleep: bool = False,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # ERROR: on CPU vLLM warns at every weight sync (rotary buffers are not weights) and about missing
@@ -86,8 +93,14 @@ class VLLMEngine:
         self._calls = 0
         self._threads = cpu_threads if device == "cpu" else None
         memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
-        if gpu_memory_utilization is not None and device.startswith("cuda"):
+        gpu = device.startswith("cuda")
+        if gpu_memory_utilization is not None and gpu:
             memory = {"gpu_memory_utilization": gpu_memory_utilization}
+        self._tp = tensor_parallel_size
+        self._sleep_mode = sleep and gpu
+        self._asleep = False
+        if gpu:
+            memory.update(tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=self._sleep_mode)
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
         try:
@@ -121,15 +134,31 @@ class VLLMEngine:
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy trainer weights into vLLM's copy (through the precision's transform) and drop cached prefixes."""
         self._reload(self.weight_transform(state_dict) if self.weight_transform is not None else state_dict)
+        self._sleep()
 
     def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
         weights = dict(weights)
         if self._tied and "lm_head.weight" not in weights:
             # vLLM's tied head reports "Failed to load weights" and keeps stale values without it (stack.md).
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        worker = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
-        worker.reload_weights(weights_iterator=self._cast(weights))
+        self._wake()
+        if self._tp == 1:  # in-process worker: hand it the tensors, no copy through a pipe
+            worker = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+            worker.reload_weights(weights_iterator=self._cast(weights))
+        else:  # vLLM's own worker processes, one per GPU: each loads its shard from the full tensors
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(self._cast(weights))})
         self.llm.reset_prefix_cache()
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _sleep(self) -> None:
+        """Level 1: weights to CPU memory, KV cache dropped; the next call wakes the engine (GPU, sleep=True)."""
+        if self._sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
 
     def _cast(self, weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         # Sending the engine dtype avoids vLLM's per-tensor dtype-mismatch warning and a second cast inside it.
@@ -216,6 +245,7 @@ class VLLMEngine:
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
         from vllm.inputs import TokensPrompt
 
+        self._wake()
         threads = torch.get_num_threads()
         if self._threads is not None:
             torch.set_num_threads(self._threads)
@@ -227,6 +257,7 @@ class VLLMEngine:
                 )
         finally:
             torch.set_num_threads(threads)
+            self._sleep()
 
     def _decode(self, rows: list[list[int]]) -> list[str]:
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
