@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed-$(shell sed -n '/^dependencies/,/^\[tool/p' pyprojec
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 export TOKENIZERS_PARALLELISM ?= false
+# The install skips bytecode (--no-compile, below), so Python must be free to cache the modules a run actually
+# imports: with PYTHONDONTWRITEBYTECODE set (as on these machines) every process would recompile torch,
+# transformers and vLLM from source, ~10 s per process, and the test suite starts over a hundred.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help install test test-fast run lint figures bench clean
 

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from harness.cli import JobFailed, check_group_options, check_output_dir, run_job, share_run_stamp, sweep_exit_code
 from harness.config import register_schemas
+from harness.distributed import close as close_process_group
 
 register_schemas()
 
@@ -30,4 +31,5 @@ if __name__ == "__main__":  # the guard matters: vLLM may spawn processes that r
     share_run_stamp()  # torchrun: every process must write the same run directory
     sys.argv.append(SWEEP_REPORT)
     main()
+    close_process_group()  # torchrun: after the last job, not after each (a sweep's jobs share the group)
     sys.exit(sweep_exit_code())

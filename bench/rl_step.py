@@ -1,6 +1,6 @@
 """B4: one whole RL step of the harness against TRL's GRPOTrainer at the same batch shape.
 
-Run: ``python -m bench.rl_step [--steps 20] [--warmup 2] [--threads 1] [--skip-vllm]``
+Run: ``python -m bench.rl_step [--steps 20] [--warmup 1] [--threads 1] [--skip-vllm]``
 
 A step = generation, grading, advantages, objective, backward, optimizer step and weight sync: everything from a
 step's first token to its optimizer update. Model: bench/tiny32k.py (tiny-preset shape, 32k vocab, random init),
@@ -223,7 +223,7 @@ def stats(rows: list[tuple[float, ...]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed steps per case (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the box is shared)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-vllm", action="store_true", help="only TRL and the harness with rollout=hf")

@@ -195,6 +195,7 @@ def _cpu_group() -> Any:
     return _GLOO
 
 
-def close(d: Dist) -> None:
-    if d.active and dist.is_initialized():
+def close(d: Dist | None = None) -> None:
+    """Leave the process group, if this process joined one (run.py calls it once every job is done)."""
+    if (d is None or d.active) and dist.is_initialized():
         dist.destroy_process_group()

@@ -5,7 +5,7 @@ rank's rows `rows[rank::world]`, the policy forward (`policy_logprobs`), the obj
 global mini-batch's denominator, backward of `loss * world`, and the gradient clip. Rank 0 writes the global loss,
 the gradient norm and every full gradient to `out` (torch.save).
 
-    python tests/dist_worker.py OUT OBJECTIVE AGG
+    python tests/dist_worker.py OUT OBJECTIVE:AGG [OBJECTIVE:AGG ...]
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ def global_batch():
     return build_batch(ro, adv, pad_id=0, topk=1)
 
 
-def main(out: str, objective_name: str, agg: str) -> None:
-    d = distributed.setup()
-    torch.set_num_threads(1)
+def update(d: distributed.Dist, objective_name: str, agg: str) -> dict:
     torch.manual_seed(0)  # the same initial weights in every process
     config = Qwen3Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -62,19 +60,27 @@ def main(out: str, objective_name: str, agg: str) -> None:
     active = (batch.advantages[rows] != 0).any(1)
     mb = batch.select(rows[active])
     lp = policy_logprobs(policy, mb, 1.0)
-    out_ = objective(
+    out = objective(
         logp=lp.logp, behavior_logp=mb.behavior_logp, advantages=mb.advantages, mask=mb.mask,
         old_logp=mb.behavior_logp.clone(),
     )  # fmt: skip
-    loss = minibatch_loss(out_.loss_mat, mb, agg, T, full_denominator)
+    loss = minibatch_loss(out.loss_mat, mb, agg, T, full_denominator)
     (loss * d.world).backward()
     grads = {name: _full(p.grad).detach().clone() for name, p in policy.named_parameters()}
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
     global_loss = distributed.all_sum(float(loss.detach()), d)
+    return {"loss": global_loss, "grad_norm": float(grad_norm), "grads": grads, "world": d.world}
+
+
+def main(out: str, *cases: str) -> None:
+    """cases: OBJECTIVE:AGG ..."""
+    d = distributed.setup()
+    torch.set_num_threads(1)
+    results = {case: update(d, *case.split(":")) for case in cases}
     if d.main:
-        torch.save({"loss": global_loss, "grad_norm": float(grad_norm), "grads": grads, "world": d.world}, out)
+        torch.save(results, out)
     distributed.close(d)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:])

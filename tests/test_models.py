@@ -1,3 +1,4 @@
+import os
 import time
 from pathlib import Path
 
@@ -140,7 +141,14 @@ def test_bad_tiny_config_names_the_field(kwargs, field):
 def test_default_warm_start_accuracy():
     """The default build is the RL starting point: 15-35% held-out accuracy at T=1 (recipe: ~21%)."""
     task = ArithConfig()
-    model, tok = load_policy(str(build_tiny(TinyModelConfig(), task, default_cache_dir())))
+    # Built with every core, as `make run` builds it (train() sets that many threads first): the cached model is
+    # the one the default run then trains, whichever of the two builds it.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        model, tok = load_policy(str(build_tiny(TinyModelConfig(), task, default_cache_dir())))
+    finally:
+        torch.set_num_threads(threads)
     _, held_out = make_splits(task)
     torch.manual_seed(0)
     texts, finished = [], []

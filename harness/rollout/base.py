@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # transformers costs seconds to import; the Top-K helpers and the protocol do not need it
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -176,6 +178,8 @@ def load_tokenizer(model_path: str) -> tuple[PreTrainedTokenizerBase, list[int],
     EOS ids = the tokenizer's plus those in the model's generation_config.json (instruct models list <|im_end|>
     there); vLLM stops on the same union. Pad = the tokenizer's pad token, else the first EOS id.
     """
+    from transformers import AutoTokenizer, GenerationConfig
+
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
