@@ -4,6 +4,7 @@ here; its EOS embedding is pointed along the mean final hidden state so that som
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -245,6 +246,96 @@ def test_sync_weights(engine, trainer: Qwen3ForCausalLM) -> None:
     finally:
         engine.sync_weights(trainer.state_dict())
     assert max_parity_error(engine.generate(PROMPTS, n=2, max_new_tokens=8, seed=9), trainer) < TOL
+
+
+def _perturbed(model: torch.nn.Module, scale: float = 0.05) -> dict[str, torch.Tensor]:
+    moved, gen = copy.deepcopy(model), torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in moved.parameters():  # a tied head moves with the embedding, as in training
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return moved.state_dict()
+
+
+def _sample_after_sync(engine, weights: dict[str, torch.Tensor], direct: bool) -> Rollout:
+    engine._direct_ok, engine._writer = direct, None  # the next sync plans afresh (direct) or uses reload_weights
+    engine.sync_weights(weights)
+    assert (engine._writer is not None) == direct, engine.direct_sync_refused
+    return engine.generate(PROMPTS, n=2, max_new_tokens=MAX_NEW, topk=K, seed=14)
+
+
+def _direct_equals_reload(engine, trainer: torch.nn.Module) -> None:
+    """vLLM CPU weight sync: the direct write and vLLM's reload_weights leave bit-identical engines."""
+    moved = _perturbed(trainer)
+    try:
+        by_reload = _sample_after_sync(engine, moved, direct=False)
+        engine.sync_weights(trainer.state_dict())
+        by_direct = _sample_after_sync(engine, moved, direct=True)
+    finally:
+        engine.sync_weights(trainer.state_dict())
+    for field in ("response_ids", "behavior_logp", "topk_ids", "topk_logp"):
+        assert torch.equal(getattr(by_direct, field), getattr(by_reload, field)), field
+    scored = engine.score(by_direct.prompt_ids, responses(by_direct))
+    assert not torch.allclose(scored, by_direct.behavior_logp, atol=1e-2)  # the engine really moved back
+
+
+def test_vllm_direct_sync_equals_reload(vllm_engine, trainer: Qwen3ForCausalLM) -> None:
+    # tied head, vocabulary padded by vLLM (290 -> 320 rows), fused q/k/v and gate/up
+    _direct_equals_reload(vllm_engine, trainer)
+
+
+def test_vllm_direct_sync_qwen2_biases_untied_head(tmp_path: Path) -> None:
+    """Qwen2 (the R1-Distill architecture): q/k/v biases and an untied head, bf16 engine copy. In its own process:
+    closing a second in-process vLLM engine tears down the distributed state the module's engine still uses."""
+    pytest.importorskip("vllm")
+    code = f"from tests.test_rollout import qwen2_direct_sync_case; qwen2_direct_sync_case({str(tmp_path)!r})"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "direct sync equals reload" in out.stdout
+
+
+def qwen2_direct_sync_case(path: str) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    build_tiny_model(Path(path))  # for the tokenizer
+    config = Qwen2Config(
+        vocab_size=290, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=EOS,
+        pad_token_id=PAD, bos_token_id=EOS,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    qwen2 = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in qwen2.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)  # nonzero biases, so a bias written to the wrong rows would show
+    qwen2.save_pretrained(path)
+    engine = make_engine("vllm", path, "bf16", seed=0, max_model_len=128, kv_cache_gb=0.25)
+    try:
+        _direct_equals_reload(engine, qwen2)
+    finally:
+        engine.close()
+    print("direct sync equals reload")
+
+
+def test_direct_sync_plan_names_what_it_cannot_cover(vllm_engine, trainer: Qwen3ForCausalLM) -> None:
+    from harness.rollout.vllm_cpu_weights import CPUWeightWriter
+
+    model = vllm_engine._writer.model
+    weights = trainer.state_dict()
+    assert CPUWeightWriter(model).plan(weights) is None
+    extra = weights | {"model.extra.weight": torch.zeros(3)}
+    assert CPUWeightWriter(model).plan(extra) == "model.extra.weight: no target in the engine"
+    missing = {k: v for k, v in weights.items() if k != "model.norm.weight"}
+    assert CPUWeightWriter(model).plan(missing) == "model.norm.weight is not among the trainer's weights"
+    no_v = {k: v for k, v in weights.items() if k != "model.layers.1.self_attn.v_proj.weight"}
+    assert CPUWeightWriter(model).plan(no_v) == (
+        "a weight of model.layers.1.self_attn.qkv_proj is missing from the trainer's weights"
+    )
+    wide = weights | {"model.layers.0.mlp.up_proj.weight": torch.zeros(129, 64)}
+    assert CPUWeightWriter(model).plan(wide) == (
+        "model.layers.0.mlp.gate_up_proj.weight: trainer parts make (257, 64), the engine holds (256, 64)"
+    )
 
 
 def test_score_matches_sampling_logprobs(engine) -> None:

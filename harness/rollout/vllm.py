@@ -3,9 +3,12 @@
 vLLM is imported only when an engine is built, so `import harness` works without the `vllm` extra.
 
 Choices and the vLLM 0.32 facts behind them:
-- In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the only weight-sync path that works on CPU is a
+- In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the vLLM weight-sync path that works on CPU is a
   direct call to the worker's `reload_weights(weights_iterator=...)`; `load_weights` fails (CPU replaces the
   Parameters) and the multiprocess RPC cannot pickle tensors. Tied models need `lm_head.weight` in the iterator.
+  On CPU the engine writes the tensors into the model itself instead (`vllm_cpu_weights.py`: the same packed
+  weights, bit for bit, at a third of the cost), and keeps `reload_weights` for any model that writer does not
+  cover exactly (`direct_sync_refused` says why).
 - `logprobs_mode="processed_logprobs"`: log_softmax of the logits after temperature, top-k/top-p and min-p. With
   top_k=0 (0 = off in 0.32; -1 is accepted too), top_p=1 and min_p=0 that is log_softmax(raw logits / T), the
   distribution sampled from, as the Rollout contract asks. The default `raw_logprobs` ignores the temperature;
@@ -51,6 +54,7 @@ from harness.rollout.base import (
     load_tokenizer,
     pad_ragged,
 )
+from harness.rollout.vllm_cpu_weights import CPUWeightWriter
 
 _MISSING = "rollout=vllm needs the vllm extra (pip install -e '.[vllm]'); use rollout=hf instead"
 
@@ -97,6 +101,11 @@ class VLLMEngine:
         if gpu_memory_utilization is not None and gpu:
             memory = {"gpu_memory_utilization": gpu_memory_utilization}
         self._tp = tensor_parallel_size
+        # CPU, one process, unquantized: weight syncs write straight into the model (vllm_cpu_weights.py) once a
+        # plan covers it; otherwise, and on GPU, vLLM's reload_weights.
+        self._direct_ok = device == "cpu" and tensor_parallel_size == 1 and quantization is None
+        self._writer: CPUWeightWriter | None = None
+        self.direct_sync_refused: str | None = None
         self._sleep_mode = sleep and gpu
         self._asleep = False
         if gpu:
@@ -144,7 +153,18 @@ class VLLMEngine:
         self._wake()
         if self._tp == 1:  # in-process worker: hand it the tensors, no copy through a pipe
             worker = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
-            worker.reload_weights(weights_iterator=self._cast(weights))
+            if self._direct_ok and self._writer is None:
+                writer = CPUWeightWriter(worker.model_runner.get_model())
+                self.direct_sync_refused = writer.plan(weights)
+                self._writer = writer if self.direct_sync_refused is None else None
+                self._direct_ok = self._writer is not None
+            if self._writer is not None:
+                from vllm.config import set_current_vllm_config
+
+                with set_current_vllm_config(worker.vllm_config):
+                    self._writer.write(dict(self._cast(weights)))
+            else:
+                worker.reload_weights(weights_iterator=self._cast(weights))
         else:  # vLLM's own worker processes, one per GPU: each loads its shard from the full tensors
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(self._cast(weights))})
         self.llm.reset_prefix_cache()
