@@ -8,6 +8,7 @@ that the command prints exactly those records and leaves no run directory behind
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -19,8 +20,7 @@ import pytest
 import yaml
 
 from harness.cli import PLAN_PREFIX, check_group_options, plan_record
-from harness.config import validate
-from tests.test_experiments import FULL, ROOT, arm_of, composed, sweep_jobs
+from tests.test_experiments import FULL, ROOT, arm_of, arm_run, sweep_jobs
 
 VALUES = yaml.safe_load((ROOT / "tests" / "fixtures" / "paper_values.yaml").read_text())
 
@@ -56,11 +56,15 @@ def expected_arms(name: str) -> dict[str, dict[str, Any]]:
     return {key: {**shared, **values} for key, values in arms.items()}
 
 
+@functools.cache
 def planned(name: str) -> dict[str, dict[str, Any]]:
-    """arm key -> the PLAN record's config (flattened) of each job, built in-process."""
+    """arm key -> the PLAN record's config (flattened) of each job, built in-process. The validated config is
+    test_experiments' cached `arm_run` (a full-scale sweep has one seed, 0, the default), so running both modules
+    composes each arm once."""
     out = {}
     for job in sweep_jobs(name):
-        record = plan_record(validate(composed(f"+experiment={name}", *job)), list(job))
+        assert [o for o in job if o.startswith("seed=")] == ["seed=0"]
+        record = plan_record(arm_run(name, arm_of(job)), list(job))
         assert record["overrides"] == list(job)
         out[",".join(arm_of(job))] = flat(json.loads(json.dumps(record["config"], default=list)))
     return out
