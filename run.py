@@ -4,12 +4,23 @@ A sweep runs every job even when some fail; its exit code is then the number of 
 one stderr line names their run directories (harness.cli.SweepReport).
 """
 
+import shutil
 import sys
+import tempfile
 
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import JobFailed, check_group_options, check_output_dir, run_job, share_run_stamp, sweep_exit_code
+from harness.cli import (
+    JobFailed,
+    check_group_options,
+    check_output_dir,
+    plan_argv,
+    plan_requested,
+    run_job,
+    share_run_stamp,
+    sweep_exit_code,
+)
 from harness.config import register_schemas
 from harness.loop.distributed import close as close_process_group
 
@@ -27,9 +38,17 @@ def main(cfg: DictConfig) -> float | JobFailed | None:
 
 if __name__ == "__main__":  # the guard matters: vLLM may spawn processes that re-import this file
     check_group_options(sys.argv[1:])
-    check_output_dir(sys.argv[1:])
+    scratch = tempfile.mkdtemp(prefix="harness-plan-") if plan_requested(sys.argv[1:]) else None
+    if scratch:  # mode=plan: one `PLAN <json>` line per job, no model, no run directory
+        sys.argv[1:] = plan_argv(sys.argv[1:], scratch)
+    else:
+        check_output_dir(sys.argv[1:])
     share_run_stamp()  # torchrun: every process must write the same run directory
     sys.argv.append(SWEEP_REPORT)
-    main()
+    try:
+        main()
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     close_process_group()  # torchrun: after the last job, not after each (a sweep's jobs share the group)
     sys.exit(sweep_exit_code())

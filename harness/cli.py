@@ -113,6 +113,9 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
 
     try:
         run_cfg = validate(raw)
+        if run_cfg.mode == "plan":  # before the machine check: a GPU sweep is planned anywhere
+            print(plan_line(run_cfg, job_overrides()), flush=True)
+            return None
         # What this machine lacks for the config (CUDA, FP8, vLLM, GPUs): one line, before any model is built.
         machine.check(run_cfg, machine.probe())
     except ValueError as exc:
@@ -129,6 +132,51 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     if rank_from_env() == 0:  # under torchrun every process returns; rank 0 speaks for the run
         print_summary(summary)
     return summary.get("final_score")
+
+
+# --- mode=plan ---
+
+PLAN_PREFIX = "PLAN "
+
+
+def job_overrides() -> list[str]:
+    """The running Hydra job's own overrides (a sweep job's arm and seed plus the command line's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task)
+
+
+def plan_record(run_cfg: Any, overrides: list[str]) -> dict[str, Any]:
+    """What `mode=plan` prints for one job: its overrides and its validated config, every default resolved (the
+    objective's hyperparameters included), as plain JSON types. `mode` itself is left out: it is "plan" here and
+    "train" when the job really runs."""
+    import dataclasses
+
+    config = dataclasses.asdict(run_cfg)
+    config.pop("mode")
+    return {"overrides": [o for o in overrides if o.partition("=")[0].lstrip("+~") != "mode"], "config": config}
+
+
+def plan_line(run_cfg: Any, overrides: list[str]) -> str:
+    return PLAN_PREFIX + json.dumps(plan_record(run_cfg, overrides), sort_keys=True, default=list)
+
+
+def plan_requested(argv: list[str]) -> bool:
+    return any(a.lstrip("+~") == "mode=plan" for a in argv)
+
+
+def plan_argv(argv: list[str], scratch: str) -> list[str]:
+    """`mode=plan` builds nothing and leaves no run directories: Hydra's job folders (it always makes one) go to
+    a scratch folder that run.py deletes, with no .hydra/ record and no log files, and Hydra's own log lines are
+    off, so stdout is the PLAN lines and the sweep's summary."""
+    return [
+        *argv,
+        f"hydra.run.dir={scratch}",
+        f"hydra.sweep.dir={scratch}",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+    ]
 
 
 def rank_from_env() -> int:
@@ -203,6 +251,8 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _sweep_failures
+        if config.get("mode") == "plan":  # nothing ran; a job that fails to plan raises (Hydra exits 1)
+            return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         jobs = sweep_jobs(sweep_dir, self._started)
         failed = [job for job in jobs if job_status(job) != "completed"]

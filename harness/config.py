@@ -76,6 +76,14 @@ class RolloutConfig:
         default="rollout", metadata={"help": "push trainer weights after every rollout or every optimizer step"}
     )
     temperature: float = field(default=1.0, metadata={"gt": 0, "help": "sampling temperature (papers: 1.0)"})
+    behavior: Literal["engine", "trainer"] = field(
+        default="engine",
+        metadata={
+            "help": "who supplies the behaviour log-probs mu: the rollout engine (the papers' anchor), or, with "
+            "'trainer', the step's mu are recomputed by the trainer before the first update, so pi = mu at the "
+            "first mini-batch (DPPO Fig. 3's 'No mismatch' reference)"
+        },
+    )
     max_topk: int = field(
         default=20, metadata={"ge": 1, "help": "most top-K log-probs the engine can return per token"}
     )
@@ -111,6 +119,14 @@ class DataConfig:
         },
     )
     template: Literal["chat", "plain", "qwen_math"] = field(default="chat", metadata={"help": "prompt template"})
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata={
+            "ge": 1,
+            "help": "drop training problems whose templated prompt is longer than this many tokens (DPPO Table 1: "
+            "1024); null = keep all (model.max_model_len - trainer.max_new_tokens still bounds them)",
+        },
+    )
     kinds: tuple[str, ...] = field(
         default=("add", "mul", "add_mul"), metadata={"help": "arith problem kinds (equal shares)"}
     )
@@ -203,6 +219,10 @@ class TrainerConfig:
 class EvalConfig:
     n: int = field(default=1, metadata={"ge": 1, "help": "samples per problem (avg@n, pass@n, maj@n)"})
     temperature: float = field(default=1.0, metadata={"gt": 0})
+    top_p: float = field(
+        default=1.0,
+        metadata={"gt": 0, "le": 1, "help": "nucleus sampling for evaluation only (DPPO App. E: 0.95); 1 = off"},
+    )
     max_new_tokens: int | None = field(default=None, metadata={"ge": 1, "help": "null = trainer.max_new_tokens"})
     truncate_prompts: bool | None = field(
         default=None,
@@ -254,7 +274,13 @@ class RewardConfig:
 class _TopLevel:
     seed: int = field(default=0, metadata={"ge": 0})
     name: str = field(default="default", metadata={"help": "experiment name: outputs/<name>/..., W&B group"})
-    mode: Literal["train", "eval"] = "train"
+    mode: Literal["train", "eval", "plan"] = field(
+        default="train",
+        metadata={
+            "help": "train | eval | plan: print one `PLAN <json>` line with the job's overrides and resolved config, "
+            "build nothing (python run.py -m +experiment=NAME mode=plan lists a sweep's jobs)"
+        },
+    )
     device: Literal["cpu", "cuda"] = "cpu"
 
 
@@ -333,6 +359,12 @@ def _check_combinations(run: RunConfig) -> None:
             )
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
+    p = run.data.max_prompt_tokens
+    if p is not None and p + t.max_new_tokens > run.model.max_model_len:
+        raise ValueError(
+            f"data.max_prompt_tokens: {p} + trainer.max_new_tokens {t.max_new_tokens} exceeds model.max_model_len "
+            f"{run.model.max_model_len}; raise model.max_model_len to at least {p + t.max_new_tokens}"
+        )
     if run.data.name != "arith" and run.data.path is None:
         raise ValueError(f"data.path: data={run.data.name} needs a local file or hub name")
     _check_data(run)

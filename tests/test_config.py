@@ -86,3 +86,13 @@ def test_cli_unknown_option_and_bad_value_one_line(tmp_path):
     # The run directory Hydra created says the run failed; no model was built.
     assert '"status": "failed"' in (tmp_path / "run" / "summary.json").read_text()
     assert time.time() - t0 < 60
+
+
+def test_paper_experiment_fields_default_off_and_validate():
+    """Fields the issue-16 experiments set; the loop reads them (README "Paper experiments")."""
+    run = validate(composed())
+    assert (run.rollout.behavior, run.eval.top_p, run.data.max_prompt_tokens) == ("engine", 1.0, None)
+    run = validate(composed("rollout.behavior=trainer", "eval.top_p=0.95", "data.max_prompt_tokens=16", "mode=plan"))
+    assert (run.rollout.behavior, run.eval.top_p, run.data.max_prompt_tokens, run.mode) == (
+        "trainer", 0.95, 16, "plan"
+    )  # fmt: skip

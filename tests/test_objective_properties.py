@@ -35,8 +35,8 @@ def dppo_keep(p, q, a, d, low, high):
 
 def closed_form(name: str, mu: float, pi: float, old: float, a: float) -> float:
     r = pi / mu  # the rollout-anchored ratio; its importance weight is truncated at C = 1e4 unless a preset says
-    w = min(r, 10.0 if name in ("pg_tis", "minirl_tis") else 1e4)
-    if name in ("pg_is", "pg_tis"):
+    w = min(r, 3.0 if name in ("pg_tis", "minirl_tis") else 5.0 if name == "cispo" else 1e4)
+    if name in ("pg_is", "pg_tis", "cispo"):
         return a * w
     if name in ("ppo", "grpo", "minirl", "minirl_tis"):
         lo, hi = (0.2, 0.2) if name == "ppo" else (0.2, 0.28)
@@ -46,7 +46,7 @@ def closed_form(name: str, mu: float, pi: float, old: float, a: float) -> float:
     if name == "grpo_relax":
         clipped = (a > 0 and r > 1.28) or (a < 0 and r < 0.8)
         return 0.0 if clipped and mu >= 0.1 else a * w
-    if name == "cispo":
+    if name == "cispo_minimax":
         return a * min(r, 1.28)
     if name in ("dppo", "dppo_recompute", "mask_neg"):
         q = old if name == "dppo_recompute" else mu

@@ -34,11 +34,13 @@ EXPECTED_C = {
     ("drpo", (("delta", 12.5),)): [4.984, -0.795798, 0.4096, 19.9696, 1.45024, 1.51371, -0.325333],
     ("spo", (("eps", 12.5),)): [3.4, -0.795674, 0.4192, -10.4, 1.41191, 1.46791, -0.324444],
     ("spo", ()): [-95.0, -0.03265, 1.6, -1880.0, -1.95556, -2.55556, 0.222222],
-    ("cispo", ()): [1.28, -0.808081, 0.4, 1.28, 1.28, 1.28, -0.333333],
+    ("cispo_minimax", ()): [1.28, -0.808081, 0.4, 1.28, 1.28, 1.28, -0.333333],
+    # CISPO as the DPPO paper runs it: truncated IS at C = 5 (V1 r = 5 is not above the cap; V4 20 -> 5).
+    ("cispo", ()): [5.0, -0.808081, 0.4, 5.0, 1.466667, 1.533333, -0.333333],
     ("pg_is", ()): [5.0, -0.808081, 0.4, 20.0, 1.466667, 1.533333, -0.333333],
-    # TIS on V4: min(20, 10) = 10; verl's silent default C = 3 would give 3 (P3).
-    ("pg_tis", ()): [5.0, -0.808081, 0.4, 10.0, 1.466667, 1.533333, -0.333333],
-    ("pg_tis", (("is_cap", 3.0),)): [3.0, -0.808081, 0.4, 3.0, 1.466667, 1.533333, -0.333333],
+    # TIS at the sanity test's C = 3 (P-DPPO App. C): V1 min(5, 3) = 3, V4 min(20, 3) = 3.
+    ("pg_tis", ()): [3.0, -0.808081, 0.4, 3.0, 1.466667, 1.533333, -0.333333],
+    ("pg_tis", (("is_cap", 10.0),)): [5.0, -0.808081, 0.4, 10.0, 1.466667, 1.533333, -0.333333],
     # mask_neg blocks only A < 0 with mu - pi > 0.5: none of the vectors (V2 drops 0.19, V6 0.3) -> PG-IS.
     ("mask_neg", ()): [5.0, -0.808081, 0.4, 20.0, 1.466667, 1.533333, -0.333333],
     ("mask_neg", (("delta", 0.1),)): [5.0, 0.0, 0.4, 20.0, 1.466667, 1.533333, 0.0],
@@ -323,3 +325,48 @@ def test_shape_mismatch_names_the_tensors():
             topk_logp=torch.zeros(2, 3, 4),
             topk_behavior_logp=torch.zeros(2, 3, 5),
         )
+
+
+@pytest.mark.parametrize("name", ["drpo", "drpo_mask", "drpo_no_absadv"])
+def test_drpo_family_gives_zero_gradient_beyond_the_log_ratio_clamp(name):
+    """The released DRPO code differentiates through exp(clamp(log pi - log mu, -20, 20)) (papers.md, DRPO).
+
+    Token 1: log mu = -25, log pi = -3, A = +1: log-ratio 22 > 20, so torch.clamp passes no gradient and c = 0
+    (the detached-weight form would give A * min(e^20, C = 1e4) = 1e4 from the surrogate alone).
+    Token 2: log mu = log 0.5, log pi = log 0.5 - 21.5, A = -1: log-ratio -21.5 < -20, c = 0 (not -e^-20).
+    Token 3: V1 (mu 0.01, pi 0.05, A = +1), log-ratio log 5, inside: unchanged, c = A r w with r = 5 and
+    drpo: w = 1 - (0.05 - 0.01)/0.15 = 0.733333 -> 3.666667; drpo_no_absadv: the same (A = 1);
+    drpo_mask: pi - mu = 0.04 < 0.15, the mask does not fire -> plain A r = 5.
+    """
+    logp = torch.tensor([[-3.0, math.log(0.5) - 21.5, math.log(0.05)]], dtype=torch.float64).requires_grad_(True)
+    behavior = torch.tensor([[-25.0, math.log(0.5), math.log(0.01)]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0, 1.0]], dtype=torch.float64)
+    out = get_objective(name)(logp=logp, behavior_logp=behavior, advantages=adv, mask=torch.ones_like(adv))
+    out.loss_mat.sum().backward()
+    c = (-logp.grad[0]).tolist()
+    assert c[0] == 0.0 and c[1] == 0.0
+    assert c[2] == pytest.approx(5.0 if name == "drpo_mask" else 3.666667, abs=1e-6)
+    assert torch.isfinite(out.loss_mat).all()
+    # The other families keep their detached weight there: PG-IS gives A * min(r, C) = 1e4 and -e^-20.
+    logp.grad = None
+    get_objective("pg_is")(
+        logp=logp, behavior_logp=behavior, advantages=adv, mask=torch.ones_like(adv)
+    ).loss_mat.sum().backward()
+    assert (-logp.grad[0, 0]).item() == pytest.approx(1e4) and (-logp.grad[0, 1]).item() == pytest.approx(
+        -math.exp(-20)
+    )
+
+
+def test_drpo_gradient_at_the_clamp_bound_still_flows():
+    # log-ratio exactly 20 (log pi = -5, log mu = -25): torch.clamp passes the gradient at its bound, as the released
+    # code does. c = A min(r, C) - |A| (pi - mu) r / delta = 1e4 - (e^-5 - e^-25) e^20 / 0.15.
+    logp = torch.tensor([[-5.0]], dtype=torch.float64).requires_grad_(True)
+    out = get_objective("drpo")(
+        logp=logp,
+        behavior_logp=torch.tensor([[-25.0]], dtype=torch.float64),
+        advantages=torch.ones(1, 1, dtype=torch.float64),
+        mask=torch.ones(1, 1),
+    )
+    out.loss_mat.sum().backward()
+    want = 1e4 - (math.exp(-5) - math.exp(-25)) * math.exp(20) / 0.15
+    assert (-logp.grad).item() == pytest.approx(want, rel=1e-9)

@@ -17,6 +17,7 @@ PRESETS = [
     ("qwen3_4b_base", "Qwen3ForCausalLM", 36, 4.0),
     ("qwen3_8b_base", "Qwen3ForCausalLM", 36, 8.2),
     ("qwen3_30b_a3b_base", "Qwen3MoeForCausalLM", 48, 30.5),
+    ("qwen3_30b_a3b", "Qwen3MoeForCausalLM", 48, 30.5),
     ("r1_distill_qwen_1_5b", "Qwen2ForCausalLM", 28, 1.78),
 ]
 
@@ -44,7 +45,8 @@ def hand_count(a: dict) -> int:
 def test_preset_instantiates_on_meta_device_at_its_published_size(preset, cls, layers, published_b):
     run = validate(compose(f"model={preset}", "device=cuda", "rollout=vllm", "precision=bf16"))
     m = run.model
-    assert m.path and m.architecture and m.gradient_checkpointing and m.max_model_len == 10240
+    assert m.path and m.architecture and m.gradient_checkpointing
+    assert m.max_model_len == (17408 if preset == "qwen3_30b_a3b" else 10240)  # DPPO Table 1's 1024 + 16384
     model = meta_model(m.architecture)
     assert type(model).__name__ == cls
     params = list(model.parameters())
@@ -69,6 +71,20 @@ def test_moe_preset_routes_eight_of_128_experts():
     attn = 2 * h * cfg.num_attention_heads * hd + 2 * h * cfg.num_key_value_heads * hd
     active = cfg.num_hidden_layers * (attn + 8 * 3 * h * 768 + h * 128) + 2 * cfg.vocab_size * h
     assert abs(active / 1e9 - 3.3) < 0.1
+
+
+def test_qwen3_5_moe_preset_is_the_hybrid_architecture():
+    """Qwen3.5-35B-A3B-Base (DRPO setting 5): transformers 5.19 has the architecture; 34.7B in the language model
+    (the published 35B counts the vision encoder), 40 layers, one full-attention layer in four, 8 of 256 experts."""
+    run = validate(compose("model=qwen3_5_35b_a3b_base", "device=cuda", "rollout=vllm", "precision=bf16"))
+    assert run.model.path == "Qwen/Qwen3.5-35B-A3B-Base"
+    model = meta_model(run.model.architecture)
+    assert type(model).__name__ == "Qwen3_5MoeForCausalLM"
+    n = sum(p.numel() for p in model.parameters())
+    assert abs(n / 1e9 - 34.66) < 0.05, n
+    assert len(decoder_layers(model)) == 40
+    cfg = model.config
+    assert cfg.layer_types.count("full_attention") == 10 and (cfg.num_experts, cfg.num_experts_per_tok) == (256, 8)
 
 
 def test_bad_architecture_block_names_the_key():

@@ -10,6 +10,10 @@ c = A * min(r, C) - s(A) * d penalty / d log pi, written as c = A * r * w; the m
                     => w = 1 - sign(A) (pi - mu) / delta: damped moving away, amplified moving back
     drpo_mask       the DRPO penalty only where the DPPO-TV mask would fire (|pi - a| > mask_delta, harmful side)
     drpo_no_absadv  |A| replaced by 1 on tokens with a learning signal (A != 0): the boundary no longer scales with A
+
+The DRPO family follows the released code (UniRL `_drpo_loss`) at the log-ratio clamp too: its ratio is
+exp(clamp(log pi - log mu, -20, 20)) and differentiable, so a token whose log-ratio lies beyond +-20 gets zero
+gradient (not A * min(r, C) as the other families' detached weights give).
     penalty_tv/kl/k3  beta * single-sample TV |pi - a|, KL k1 -log x, KL k3 (x - 1) - log x
 """
 
@@ -70,15 +74,28 @@ def _anchored(b: Batch, anchor: str) -> tuple[Tensor, Tensor, Tensor]:
     return log_x, torch.exp(log_x.detach()), torch.exp(la)
 
 
-def _regularized(b: Batch, cfg: ObjectiveConfig, penalty: Tensor, dpenalty: Tensor, scale: Tensor) -> ObjectiveOutput:
-    """`penalty` differentiable; `dpenalty` its detached derivative w.r.t. log pi (for the reported weight w)."""
+def _regularized(
+    b: Batch, cfg: ObjectiveConfig, penalty: Tensor, dpenalty: Tensor, scale: Tensor, *, zero_beyond_clamp: bool = False
+) -> ObjectiveOutput:
+    """`penalty` differentiable; `dpenalty` its detached derivative w.r.t. log pi (for the reported weight w).
+
+    `zero_beyond_clamp` (the DRPO family): the surrogate's gradient flows through the clamped log-ratio, as in
+    the released DRPO code, so a token with |log pi - log mu| > 20 gets no gradient from it; `penalty` must then
+    be built on the clamped log-ratio too (`_anchored`), so the whole token's gradient is 0 there.
+    """
     a = b.advantages
     r_capped = torch.clamp(b.ratio(), max=cfg.is_cap)
-    surrogate = r_capped * a * b.grad_carrier()  # value min(r, C) * A, gradient min(r, C) * A * grad(log pi)
+    carrier = b.grad_carrier()  # value 1, gradient grad(log pi)
+    inside = (b.logp.detach() - b.behavior_logp).abs() <= LOG_RATIO_CLAMP  # torch.clamp passes gradient at the bound
+    if zero_beyond_clamp:
+        carrier = torch.where(inside, carrier, torch.ones((), dtype=carrier.dtype, device=carrier.device))
+    surrogate = r_capped * a * carrier  # value min(r, C) * A, gradient min(r, C) * A * grad(log pi) (0 past clamp)
     loss = -(surrogate - scale * penalty)
     loss = torch.where(b.mask, loss, torch.zeros((), device=loss.device))
     with torch.no_grad():
         coef = r_capped * a - scale * dpenalty
+        if zero_beyond_clamp:
+            coef = torch.where(inside, coef, torch.zeros((), dtype=coef.dtype, device=coef.device))
         denom = a * b.ratio()
         weight = torch.where(denom != 0, coef / torch.where(denom != 0, denom, 1.0), 1.0)
     metrics = trust_region_metrics(b, torch.zeros_like(b.mask), is_cap=cfg.is_cap, weight=weight)
@@ -106,7 +123,7 @@ def drpo(*, cfg: DRPOConfig, **tensors: Tensor | None) -> ObjectiveOutput:
         diff = torch.exp(b.logp.detach()) - anchor_p
         fired = ((a > 0) & (diff > cfg.mask_delta)) | ((a <= 0) & (diff < -cfg.mask_delta))
         scale = scale * fired.float()
-    out = _regularized(b, cfg, penalty, dpenalty, scale)
+    out = _regularized(b, cfg, penalty, dpenalty, scale, zero_beyond_clamp=True)
     if fired is not None:
         out.metrics["objective/penalized_frac"] = ((fired & b.mask).sum() / b.mask.sum().clamp(min=1)).float()
     return out

@@ -54,7 +54,12 @@ class RolloutEngine(Protocol):
         topk: int = 1,
         temperature: float = 1.0,
         seed: int | None = None,
-    ) -> Rollout: ...
+        top_p: float = 1.0,
+    ) -> Rollout:
+        """`top_p` < 1 samples from the nucleus (evaluation: the DPPO paper's top-p 0.95); the returned log-probs are
+        then not the sampled distribution's (HF: log_softmax(logits / T) over the whole vocabulary; vLLM: processed,
+        renormalised over the nucleus), so training rollouts keep top_p = 1 (objectives.md P5)."""
+        ...
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
 
@@ -81,6 +86,7 @@ def check_generate_args(
     temperature: float,
     max_topk: int,
     max_model_len: int | None,
+    top_p: float = 1.0,
 ) -> None:
     """The same bad-input errors from every engine (house rule: one-line ValueError naming the argument)."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -93,6 +99,8 @@ def check_generate_args(
         raise ValueError(f"generate: topk must be in [1, max_topk={max_topk}], got {topk}")
     if not temperature > 0:
         raise ValueError(f"generate: temperature must be > 0 (the engines always sample), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
     longest = max(len(p) for p in prompts)
     if max_model_len is not None and longest + max_new_tokens > max_model_len:
         raise ValueError(

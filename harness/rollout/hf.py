@@ -86,8 +86,9 @@ class HFEngine:
         topk: int = 1,
         temperature: float = 1.0,
         seed: int | None = None,
+        top_p: float = 1.0,
     ) -> Rollout:
-        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len)
+        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
         if seed is None:
             seed = call_seed(self.seed, self._calls)
         self._calls += 1
@@ -100,7 +101,7 @@ class HFEngine:
             pad_token_id=self.pad_id,
         )
         # A private RNG stream: sampling neither depends on nor advances the trainer's global RNG.
-        sampler = _SampleAndRecord(temperature, topk, torch.Generator(self.device).manual_seed(seed))
+        sampler = _SampleAndRecord(temperature, topk, torch.Generator(self.device).manual_seed(seed), top_p)
         with torch.no_grad():
             sequences = self.model.generate(
                 input_ids=input_ids,
@@ -170,12 +171,16 @@ class HFEngine:
 class _SampleAndRecord(LogitsProcessor):
     """Samples each step's token from softmax(logits / T) and records its log-prob and the sorted top-K.
 
+    With top_p < 1 it samples from the nucleus (the smallest set of most probable tokens covering top_p) but still
+    records log_softmax(logits / T) over the whole vocabulary: top_p is for evaluation, where log-probs are unused.
+
     Returns 0 at the sampled token and -inf elsewhere, so greedy decoding emits exactly that token. Rows that have
     already finished get a token too; `generate` replaces it with padding and the rollout mask drops it.
     """
 
-    def __init__(self, temperature: float, k: int, generator: torch.Generator) -> None:
+    def __init__(self, temperature: float, k: int, generator: torch.Generator, top_p: float = 1.0) -> None:
         self.temperature = temperature
+        self.top_p = top_p
         self.k = k
         self.generator = generator
         self.logp: list[torch.Tensor] = []
@@ -186,7 +191,12 @@ class _SampleAndRecord(LogitsProcessor):
         lp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         # Inverse CDF. float64 accumulation (as torch.multinomial's CPU kernel) keeps the CDF's steps exact down
         # to tail probabilities ~1e-16; right=True never lands on a zero-probability token (its step is empty).
-        cdf = lp.exp().cumsum(dim=-1, dtype=torch.float64)
+        probs = lp.exp()
+        if self.top_p < 1:  # nucleus: drop every token the more probable ones already cover top_p without
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            covered = (sorted_p.cumsum(dim=-1) - sorted_p) >= self.top_p  # the most probable token always stays
+            probs = probs.masked_fill(torch.zeros_like(covered).scatter_(1, order, covered), 0.0)
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)
         u = torch.rand(cdf.shape[0], 1, generator=self.generator, device=cdf.device, dtype=torch.float64)
         tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.shape[1] - 1)
         values, ids = lp.topk(self.k, dim=-1)  # sorted, largest first

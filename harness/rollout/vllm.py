@@ -194,13 +194,14 @@ class VLLMEngine:
         topk: int = 1,
         temperature: float = 1.0,
         seed: int | None = None,
+        top_p: float = 1.0,
     ) -> Rollout:
-        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len)
+        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
         if seed is None:
             seed = call_seed(self.seed, self._calls)
         self._calls += 1
         params = [
-            self._sampling_params(n, max_new_tokens, topk, temperature, int(s))
+            self._sampling_params(n, max_new_tokens, topk, temperature, int(s), top_p)
             for s in np.random.SeedSequence(seed).generate_state(len(prompts))
         ]
         outputs = self._run(prompts, params)
@@ -230,11 +231,13 @@ class VLLMEngine:
             self._decode,
         )
 
-    def _sampling_params(self, n: int, max_new_tokens: int, topk: int, temperature: float, seed: int) -> Any:
+    def _sampling_params(
+        self, n: int, max_new_tokens: int, topk: int, temperature: float, seed: int, top_p: float = 1.0
+    ) -> Any:
         return self._vllm.SamplingParams(
             n=n,
             temperature=temperature,
-            top_p=1.0,
+            top_p=top_p,  # 1 in training (log-probs = the sampled distribution); < 1 only for evaluation
             top_k=0,
             min_p=0.0,
             max_tokens=max_new_tokens,
