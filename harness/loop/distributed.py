@@ -102,7 +102,8 @@ class ProcessGroup:
 
     def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Per-rank step metrics combined for the log: the mean over ranks (equal-sized shares), the max for
-        `*_max` keys; a key some rank lacks (no signal in its rows) is averaged over the ranks that have it."""
+        `*_max` keys, the min for `*_min` keys; a key some rank lacks (no signal in its rows) is averaged over the
+        ranks that have it."""
         return metrics
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +162,12 @@ class TorchGroup(ProcessGroup):
         out = {}
         for k in keys:
             values = [m[k] for m in gathered if m and k in m]
-            out[k] = max(values) if k.endswith("_max") else sum(values) / len(values)
+            if k.endswith("_max"):
+                out[k] = max(values)
+            elif k.endswith("_min"):
+                out[k] = min(values)
+            else:
+                out[k] = sum(values) / len(values)
         return out
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -160,6 +160,7 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
             n=cfg.eval.n,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
             temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
             seed=cfg.seed * 1_000_003 + src.step,
             samples_to_keep=cfg.trainer.samples_per_eval,
             grading=cfg.reward.grade_kwargs(),

@@ -81,6 +81,7 @@ def evaluate(
     max_new_tokens: int,
     temperature: float,
     seed: int,
+    top_p: float = 1.0,
     samples_to_keep: int = 0,
     grading: Mapping[str, Any] | None = None,
     truncate_prompts: bool = False,
@@ -93,7 +94,9 @@ def evaluate(
     engine's `max_model_len - max_new_tokens` keep their last tokens (counted in "prompt_truncated_frac");
     otherwise such a prompt is a ValueError."""
     prompts, n_cut = _fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
-    ro = engine.generate(prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed)
+    ro = engine.generate(
+        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p
+    )
     answers = [problems[int(g)].answer for g in ro.group]
     graded = grade(ro.texts, answers, ro.finished.tolist(), **dict(grading or {}))
 

@@ -21,6 +21,7 @@ from harness import precision as precisions
 from harness.config import RunConfig, SetupError
 from harness.errors import first_line
 from harness.loop.checkpoint import load_latest, save_checkpoint
+from harness.loop.diagnostics import ClippedTokens
 from harness.loop.distributed import ProcessGroup
 from harness.loop.evaluate import evaluate
 from harness.loop.runlog import NullLog, RunLog, WandbSettings, read_jsonl
@@ -61,6 +62,7 @@ class Run:
     failed_saves: list[int] = field(default_factory=list)  # steps whose checkpoint could not be written
     best: float | None = None  # best evaluation score so far
     last_eval: dict[str, float] | None = None
+    clipped: ClippedTokens = field(default_factory=ClippedTokens)  # masked/clipped tokens (Fig. 6, App. D)
 
     @property
     def score_key(self) -> str:
@@ -98,6 +100,7 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
         policy = _prepare_policy(policy, cfg, prec, pg)
         objective = get_objective(cfg.objective.name, **_objective_values(cfg))
         train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
+        train_set = _fitting(train_set, tokenizer, cfg)
         eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
         t = cfg.trainer
         optimizer = torch.optim.AdamW(
@@ -113,6 +116,19 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
     except (ValueError, OSError, ImportError) as exc:
         raise SetupError(first_line(exc)) from exc
     return run
+
+
+def _fitting(problems: list[Problem], tokenizer: Any, cfg: RunConfig) -> list[Problem]:
+    """`data.max_prompt_tokens`: training problems whose templated prompt is longer are dropped (the papers' max
+    prompt length; validation already checked it fits the model's context with the response)."""
+    limit = cfg.data.max_prompt_tokens
+    if limit is None:
+        return problems
+    lengths = [len(ids) for ids in render_prompts(tokenizer, problems, cfg.data.template)]
+    kept = [p for p, n in zip(problems, lengths, strict=True) if n <= limit]
+    if not kept:
+        raise ValueError(f"data.max_prompt_tokens: {limit} keeps none of the {len(problems)} training prompts")
+    return kept
 
 
 def _objective_values(cfg: RunConfig) -> dict[str, Any]:
@@ -154,6 +170,7 @@ def resume(run: Run) -> None:
         state = load_latest(run.run_dir, run.policy, run.optimizer, run.pg.restore(run.policy, run.optimizer))
         run.done_steps = int(state["step"]) if state else 0
         run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
+        run.clipped = ClippedTokens(state["extra"].get("clipped_tokens") if state else None)
         run.log.truncate_after(run.done_steps if state else -1)
         sync_weights(run)
     run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None
@@ -162,7 +179,7 @@ def resume(run: Run) -> None:
 
 def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
     """checkpoints/step_<step>: full (unsharded) tensors, written by rank 0 while the others wait."""
-    extra = {"skipped_steps": run.skipped}
+    extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
     weights = run.pg.full_state_dict(run.policy) if run.pg.active else None  # collectives: every rank takes part
     optim_state = run.pg.full_optimizer_state(run.policy, run.optimizer)
     try:
@@ -198,12 +215,14 @@ def run_eval(run: Run, step: int) -> dict[str, float]:
             n=cfg.eval.n,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
             temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
             samples_to_keep=cfg.trainer.samples_per_eval,
             grading=cfg.reward.grade_kwargs(),
             truncate_prompts=cfg.eval.cut_prompts(tiny_model=cfg.model.path is None),
         )
         run.log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
         run.log.log_samples(step, samples)
+        run.clipped.write_table(run.run_dir / "clipped_tokens.csv", run.tokenizer.decode)
         return record
 
     record = run.pg.from_main(on_main)

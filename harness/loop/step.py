@@ -10,6 +10,7 @@ world-th row of each mini-batch; `Run.pg` makes that the identity with one proce
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -19,6 +20,7 @@ import torch
 
 from harness.advantages import compute_advantages
 from harness.batch import TrainBatch, build_batch, policy_logprobs
+from harness.loop.diagnostics import rollout_metrics, zero_weight
 from harness.loop.state import Run, checkpoint, sync_weights
 from harness.loop.tokens import token_rows
 from harness.objectives import aggregate
@@ -42,8 +44,11 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
 
     rewards, adv, reward_metrics = score(run, problems, ro)
     batch = build_batch(ro, adv, run.tokenizer.pad_token_id, run.objective.topk)
+    run.clipped.start_step()
 
     t1 = time.time()
+    if run.cfg.rollout.behavior == "trainer":  # the no-mismatch reference: mu is the trainer's own pi
+        batch = trainer_behavior(run, batch)
     old_logp = recompute_old_logp(run, batch)
     update_metrics, updates = update_minibatches(run, step, batch, old_logp)
     if run.cfg.rollout.sync == "rollout":
@@ -57,7 +62,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         **reward_metrics,
         "rollout/response_len_mean": n_tokens / len(ro.texts),
         "rollout/truncated_frac": float((~ro.finished).float().mean()),
+        **rollout_metrics(batch.mask, batch.behavior_logp, batch.topk_behavior_logp),
         **update_metrics,
+        **run.clipped.metrics(run.pg),
         "optim/lr": run.cfg.trainer.lr,
         "optim/updates": float(updates),
         "optim/skipped_steps": float(run.skipped),
@@ -107,6 +114,22 @@ def recompute_old_logp(run: Run, batch: TrainBatch) -> torch.Tensor | None:
     with torch.no_grad():
         lp = policy_logprobs(run.policy, batch, run.cfg.rollout.temperature, autocast_dtype=run.prec.train_autocast)
     return lp.logp
+
+
+def trainer_behavior(run: Run, batch: TrainBatch) -> TrainBatch:
+    """`rollout.behavior=trainer` (DPPO Fig. 3's "no mismatch" curve): the engine only samples; the behaviour
+    log-probs are recomputed by the trainer before any update, so pi = mu at the step's first mini-batch and the
+    remaining gap is the policy's own movement across mini-batches."""
+    with torch.no_grad():
+        lp = policy_logprobs(
+            run.policy,
+            batch,
+            run.cfg.rollout.temperature,
+            with_topk=run.objective.topk > 1,
+            autocast_dtype=run.prec.train_autocast,
+        )
+    topk = batch.topk_behavior_logp if lp.topk_logp is None else lp.topk_logp * batch.mask[..., None]
+    return dataclasses.replace(batch, behavior_logp=lp.logp * batch.mask, topk_behavior_logp=topk)
 
 
 @dataclass
@@ -189,6 +212,8 @@ def update(
         topk_logp=lp.topk_logp,
         topk_behavior_logp=b.topk_behavior_logp,
     )
+    if mb.has_signal:  # Fig. 6 / App. D: the tokens this update masks or clipped
+        run.clipped.add(zero_weight(out.loss_mat, lp.logp), b, lp.entropy)
     sampled = sample_tokens and mb.has_signal
     if sampled:  # an eval step's first update with signal: pi is mu
         gen = torch.Generator().manual_seed(cfg.seed + step)
@@ -284,6 +309,8 @@ def _mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:
     return {
         "mismatch/abs_prob_diff_mean": float((p - q).abs().mean()),
         "mismatch/abs_prob_diff_max": float((p - q).abs().max()),
+        "mismatch/mu_minus_pi_max": float((q - p).max()),
+        "mismatch/mu_minus_pi_min": float((q - p).min()),
         "mismatch/k1": float((-log_r).mean()),
         "mismatch/k3": float((torch.expm1(log_r) - log_r).mean()),
     }
