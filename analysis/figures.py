@@ -541,7 +541,7 @@ def _curves(
     if smooth > 1:
         note += f", rolling mean over {smooth} steps"
     if sigma > 0:
-        note += f", each run Gaussian-smoothed (σ = {sigma:g} steps) over the faded raw mean"
+        note += f"\nGaussian-smoothed, σ = {sigma:g} steps (faded: raw)"
     fig.suptitle(f"{title}\n{note}")
     return fig
 
