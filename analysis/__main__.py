@@ -1,8 +1,10 @@
 """`python -m analysis [--roots outputs multirun | wandb:<entity>/<project>] [--out figures]`: every figure and table.
 
 Writes figures/<experiment>/<figure>.png, figures/<experiment>/table.{md,csv,tex}, the token figures of runs that
-saved tokens.parquet, the analytic trust-region geometry once under figures/geometry/, and figures/index.md,
-and prints each path. A figure whose data the runs did not log is skipped with a one-line note.
+saved tokens.parquet, figures/<experiment>/clipped_tokens.{md,csv} (App. D) from runs that wrote
+clipped_tokens.csv, the analytic trust-region geometry once under figures/geometry/, and figures/index.md,
+and prints each path. A figure whose data the runs did not log is skipped with a one-line note. Training curves
+are Gaussian-smoothed (sigma = 2 steps, the papers' Figs 13-17) over the faded raw curve unless told otherwise.
 """
 
 from __future__ import annotations
@@ -16,21 +18,30 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.figures import EVAL_FIGURES, METRIC_FIGURES, SkipFigure, save_figure
+from analysis.figures import EVAL_FIGURES, METRIC_FIGURES, PAPER_SIGMA, SkipFigure, save_figure
 from analysis.geometry import TOKEN_FIGURES, TOKENS_FILE, load_tokens, write_analytic_figures
 from analysis.load import ALIASES, DEFAULT_ROOTS, RunSet, load_runs
-from analysis.tables import experiment_table, failed_runs_markdown, to_markdown, write_table
+from analysis.stats import arm_columns
+from analysis.tables import (
+    CLIPPED_TOKENS_FILE,
+    clipped_token_table,
+    experiment_table,
+    failed_runs_markdown,
+    to_markdown,
+    write_clipped_tokens,
+    write_table,
+)
 from harness.objectives import OBJECTIVE_NAMES
 
 GEOMETRY_DIR = "geometry"
 
 
 def build_experiment(
-    rs: RunSet, name: str, out_dir: Path, pdf: bool = False, smooth: int = 1
+    rs: RunSet, name: str, out_dir: Path, pdf: bool = False, smooth: int = 1, sigma: float = 0.0
 ) -> tuple[list[Path], pd.DataFrame | None]:
-    """All figures and the table of one experiment's runs into `out_dir`; returns the files and the table."""
+    """All figures and tables of one experiment's runs into `out_dir`; returns the files and the main table."""
     written: list[Path] = []
-    jobs = [(stem, fn, rs.metrics, {"smooth": smooth}) for stem, fn in METRIC_FIGURES.items()]
+    jobs = [(stem, fn, rs.metrics, {"smooth": smooth, "sigma": sigma}) for stem, fn in METRIC_FIGURES.items()]
     jobs += [(stem, fn, rs.evals, {}) for stem, fn in EVAL_FIGURES.items()]
     for stem, fn, df, kw in jobs:
         if df.empty:
@@ -43,6 +54,7 @@ def build_experiment(
             continue
         written += save_figure(fig, out_dir, stem, pdf=pdf)
     written += build_token_figures(rs, name, out_dir, pdf=pdf)
+    written += build_clipped_tokens(rs, name, out_dir)
     if rs.metrics.empty and rs.evals.empty:
         print(f"skip {name}/table: no completed runs")
         return written, None
@@ -51,11 +63,31 @@ def build_experiment(
     return written, table
 
 
-def build_token_figures(rs: RunSet, name: str, out_dir: Path, pdf: bool = False) -> list[Path]:
-    """The tokens.parquet figures of the runs that have curves; a run without the file costs one summary line."""
+def _plotted_runs(rs: RunSet) -> pd.DataFrame:
+    """One row per run that has curves: `run` and its config columns."""
     plotted = set(rs.metrics["run"]) | set(rs.evals["run"])
     cols = ["run", *[c for c in rs.summaries.columns if c in rs.config_columns or c in ALIASES]]
-    runs = rs.summaries.loc[rs.summaries["run"].isin(plotted), cols]
+    return rs.summaries.loc[rs.summaries["run"].isin(plotted), cols]
+
+
+def build_clipped_tokens(rs: RunSet, name: str, out_dir: Path) -> list[Path]:
+    """clipped_tokens.{md,csv}: P-DPPO App. D over each arm's runs (arms as in the figures)."""
+    runs = _plotted_runs(rs)
+    if runs.empty:
+        return []
+    arms = arm_columns(rs.metrics if not rs.metrics.empty else rs.evals)
+    table, without = clipped_token_table(runs, arms=arms)
+    if table.empty:
+        print(f"skip {name}/clipped_tokens: no {CLIPPED_TOKENS_FILE} in its {len(runs)} runs")
+        return []
+    if without:
+        print(f"note {name}/clipped_tokens: {len(without)} of {len(runs)} runs have no {CLIPPED_TOKENS_FILE}")
+    return write_clipped_tokens(table, out_dir, name)
+
+
+def build_token_figures(rs: RunSet, name: str, out_dir: Path, pdf: bool = False) -> list[Path]:
+    """The tokens.parquet figures of the runs that have curves; a run without the file costs one summary line."""
+    runs = _plotted_runs(rs)
     if runs.empty:
         return []
     tokens, without = load_tokens(runs)
@@ -117,7 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="figures", help="output folder (default: figures)")
     parser.add_argument("--experiment", help="only this experiment (default: every one found)")
     parser.add_argument("--pdf", action="store_true", help="write a PDF next to each PNG")
-    parser.add_argument("--smooth", type=int, default=1, help="rolling mean over this many steps (training curves)")
+    parser.add_argument(
+        "--smooth", type=int, default=1, help="rolling mean over this many steps (training curves; instead of --sigma)"
+    )
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        help=f"Gaussian smoothing of training curves, in steps, over the faded raw curve (default {PAPER_SIGMA:g}, "
+        "the papers'; 0 = raw curves; 0 when --smooth is given)",
+    )
     parser.add_argument("--include-failed", action="store_true", help="plot failed runs too")
     parser.add_argument("--no-geometry", action="store_true", help="skip the analytic figures/geometry/")
     parser.add_argument(
@@ -126,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error(f"--smooth={args.smooth} is not allowed; use 1 (none) or more steps")
+    if args.sigma is not None and (args.sigma < 0 or (args.sigma > 0 and args.smooth > 1)):
+        parser.error(f"--sigma={args.sigma:g}: use sigma >= 0, and not together with --smooth > 1")
+    sigma = args.sigma if args.sigma is not None else (PAPER_SIGMA if args.smooth == 1 else 0.0)
     bad = [n for n in args.geometry_objectives or [] if n not in OBJECTIVE_NAMES]
     if bad:
         parser.error(f"--geometry-objectives: unknown {', '.join(bad)}; valid objectives: {', '.join(OBJECTIVE_NAMES)}")
@@ -144,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     built: dict[str, tuple[list[Path], pd.DataFrame | None]] = {}
     for name in names:
-        built[name] = build_experiment(rs.experiment(name), name, out / _safe(name), pdf=args.pdf, smooth=args.smooth)
+        built[name] = build_experiment(
+            rs.experiment(name), name, out / _safe(name), pdf=args.pdf, smooth=args.smooth, sigma=sigma
+        )
         for p in built[name][0]:
             print(f"wrote {p}")
     geometry: list[Path] = []

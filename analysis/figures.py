@@ -4,14 +4,23 @@ Every curve is the mean over seeds of one arm (objective, and whatever else the 
 Student-t band; an arm with one seed gets no band. The legend gives each arm's number of seeds. When precision
 varies next to something else, each precision gets its own column of panels (DRPO's bf16 / fp8 grid).
 
+Training curves can be drawn as the papers' Figs 13-17 draw them: each run Gaussian-smoothed over steps
+(`sigma`, the papers' sigma = 2; `scipy.ndimage.gaussian_filter1d`, reflected at the ends), the mean and band of
+the smoothed runs drawn over the faded raw mean. `python -m analysis` does so by default; the functions draw the
+raw values unless given `sigma`.
+
 Quantities that span orders of magnitude (mismatch, KL, max ratio) get a log axis; there a band reaching below
-zero is cut at half the smallest value. A function whose columns are absent raises SkipFigure with a one-line
-reason; it never draws an empty figure. Figures are built without pyplot (no global state, nothing to close) and
-render with the Agg canvas.
+zero is cut at half the smallest value. Policy entropy is always on a log axis (P-DPPO Fig. 7). Eval scores of an
+AIME-style benchmark that logs `acc/<kind>` get one panel per kind (AIME24, AIME25), as P-DPPO reports them;
+other benchmarks (arith) keep one avg@k panel each.
+
+A function whose columns are absent raises SkipFigure with a one-line reason; it never draws an empty figure.
+Figures are built without pyplot (no global state, nothing to close) and render with the Agg canvas.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +31,15 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from scipy.ndimage import gaussian_filter1d
 
 from analysis.stats import arm_columns, arm_labels, final_eval_scores, mean_ci, score_column
 
 FACET = "precision.name"
 _CELL_W, _CELL_H = 5.2, 3.1
+_MAX_COLS = 3  # panels of an unfaceted figure wrap into rows of this many
+PAPER_SIGMA = 2.0  # P-DPPO Figs 13-17: Gaussian smoothing, sigma = 2 steps
+_RAW_ALPHA = 0.25
 
 
 class SkipFigure(ValueError):
@@ -35,27 +48,51 @@ class SkipFigure(ValueError):
 
 @dataclass(frozen=True)
 class Panel:
-    """One row of panels: `column` of `data` against the x column, labelled `ylabel`."""
+    """One panel: `column` of `data` against the x column, labelled `ylabel`.
+
+    `logy`: a log axis when the values span orders of magnitude; `yscale` forces a scale instead ("log" needs every
+    value > 0 and falls back to linear otherwise). `second`: another column drawn dashed in the same arm colours
+    (the min beside the max, A < 0 beside A > 0). `title` heads the panel.
+    """
 
     data: pd.DataFrame
     column: str
     ylabel: str
     logy: bool = False
+    title: str = ""
+    yscale: str | None = None
+    second: str | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.column] + ([self.second] if self.second else [])
 
 
 # --- training curves (metrics.jsonl: one row per run and step) ------------------------------------------------
 
 
 def fig_reward_curves(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """Training reward vs step (P-DPPO Fig. 3 left, Fig. 5-7 top; DRPO training reward)."""
     panels = _metric_panels(metrics, [("reward/mean", "training reward (mean over samples)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "training reward"))
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "training reward"))
 
 
 def fig_mismatch(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """Training-inference mismatch vs step (P-DPPO Fig. 3 right, Fig. 4): k3 KL(mu||pi) and mean |pi - mu|,
     measured before each step's first update, so it is the engine-vs-trainer gap alone."""
@@ -64,35 +101,63 @@ def fig_mismatch(
         ("mismatch/abs_prob_diff_mean", "mismatch mean |π − μ|", True),
     ]
     panels = _metric_panels(metrics, specs)
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "training-inference mismatch"))
+    return _curves(
+        panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "training-inference mismatch")
+    )
 
 
 def fig_bad_updates(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """Fraction of tokens pushed down (A < 0) although pi already sits far below mu (P-DPPO Fig. 5)."""
     panels = _metric_panels(metrics, [("mismatch/bad_update_frac", "bad updates (fraction of tokens)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "bad updates"))
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "bad updates"))
 
 
 def fig_entropy(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
-    """Policy entropy over response tokens vs step (P-DPPO Fig. 6-7: entropy collapse under Relax-low)."""
-    panels = _metric_panels(metrics, [("rollout/entropy", "policy entropy (nats / token)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "policy entropy"))
+    """Policy entropy over response tokens vs step, on a log axis as P-DPPO Fig. 7 draws it (entropy collapse
+    under Relax-low shows as orders of magnitude)."""
+    panels = _metric_panels(metrics, [("rollout/entropy", "policy entropy (nats / token, log)", False)])
+    panels = [Panel(p.data, p.column, p.ylabel, yscale="log") for p in panels]
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "policy entropy"))
 
 
 def fig_response_length(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """Mean response length of the training rollouts vs step (DRPO's length curves)."""
     panels = _metric_panels(metrics, [("rollout/response_len_mean", "response length (tokens)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "response length"))
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "response length"))
 
 
 def fig_masked_frac(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """Share of tokens (A != 0) whose gradient the trust region dropped or clipped, split by sign(A)."""
     specs = [
@@ -100,11 +165,17 @@ def fig_masked_frac(
         ("objective/masked_frac_neg", "masked / clipped fraction, A < 0", False),
     ]
     panels = _metric_panels(metrics, specs)
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "trust-region masking"))
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "trust-region masking"))
 
 
 def fig_policy_drift(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """How far the updates move pi from mu within a step: k3 KL at the update and the largest ratio pi/mu."""
     specs = [
@@ -112,11 +183,19 @@ def fig_policy_drift(
         ("objective/ratio_max", "max ratio π/μ", True),
     ]
     panels = _metric_panels(metrics, specs)
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "policy drift within a step"))
+    return _curves(
+        panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "policy drift within a step")
+    )
 
 
 def fig_drpo_weights(
-    metrics: pd.DataFrame, *, arms: Sequence[str] | None = None, x: str = "step", smooth: int = 1, title: str = ""
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
 ) -> Figure:
     """SPO/DRPO/penalty weight w in c = A r w: tokens corrected (w < 0) and amplified (w > 1)."""
     specs = [
@@ -124,7 +203,82 @@ def fig_drpo_weights(
         ("objective/weight_gt1_frac", "fraction with w > 1 (amplified)", False),
     ]
     panels = _metric_panels(metrics, specs)
-    return _curves(panels, arms=arms, x=x, smooth=smooth, title=_title(title, "regulariser weights"))
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "regulariser weights"))
+
+
+def fig_mismatch_range(
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
+) -> Figure:
+    """P-DPPO Fig. 3's mismatch panels: mean |mu - pi| beside the signed max (solid) and min (dashed) of mu - pi
+    over the step's response tokens, before its first update. The max/min panel is linear (the values lie in
+    [-1, 1], and a collapse shows as a jump toward +-1); a zero line marks no mismatch."""
+    extremes = "mismatch/mu_minus_pi_max", "mismatch/mu_minus_pi_min"
+    if not any(c in metrics.columns and metrics[c].notna().any() for c in extremes):
+        raise SkipFigure(f"no values for {' / '.join(extremes)}")
+    panels = []
+    if "mismatch/abs_prob_diff_mean" in metrics.columns and metrics["mismatch/abs_prob_diff_mean"].notna().any():
+        panels.append(Panel(metrics, "mismatch/abs_prob_diff_mean", "mean |μ − π|", logy=True, title="mean |μ − π|"))
+    hi, lo = (c if c in metrics.columns and metrics[c].notna().any() else None for c in extremes)
+    ylabel = "μ − π: " + ("max (solid), min (dashed)" if hi and lo else ("max" if hi else "min"))
+    panels.append(
+        Panel(metrics, hi or lo, ylabel, yscale="linear", title="max and min of μ − π", second=lo if hi else None)
+    )
+    fig = _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "mismatch range (Fig. 3)"))
+    fig.axes[-1].axhline(0.0, color="black", linewidth=0.6)
+    return fig
+
+
+def fig_clipped_tokens(
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
+) -> Figure:
+    """P-DPPO Fig. 6: reward, and the rollout probability mu and policy entropy of the tokens the trust region
+    masked or clipped (gradient weight exactly 0), A > 0 solid, A < 0 dashed; then the clipped fraction. A step
+    that clipped nothing has no mu or entropy to show (NaN) and is left out of the mean."""
+    by_sign = [
+        ("objective/clipped_mu_mean", "rollout probability μ of clipped tokens", "μ of clipped tokens"),
+        ("objective/clipped_entropy_mean", "entropy of clipped tokens (nats)", "entropy of clipped tokens"),
+    ]
+    panels = _signed_panels(metrics, by_sign)
+    if not panels:
+        keys = " / ".join(f"{k}_pos|neg" for k, _, _ in by_sign)
+        raise SkipFigure(f"no values for {keys}")
+    reward = _metric_panels(metrics, [("reward/mean", "training reward", False)]) if "reward/mean" in metrics else []
+    frac = _signed_panels(metrics, [("objective/clipped_frac", "clipped fraction of tokens", "clipped fraction")])
+    panels = [Panel(p.data, p.column, p.ylabel, title="reward") for p in reward] + panels + frac
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "clipped tokens (Fig. 6)"))
+
+
+def fig_rollout_probability(
+    metrics: pd.DataFrame,
+    *,
+    arms: Sequence[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    sigma: float = 0.0,
+    title: str = "",
+) -> Figure:
+    """P-DPPO Fig. 12: the mean top-K probability mass of mu (Top-K runs only), and the share of sampled tokens
+    with mu <= 0.01 (the low-probability tokens ratio clipping over-constrains, §4)."""
+    specs = [
+        ("rollout/topk_mass", "top-K probability mass of μ", False),
+        ("rollout/low_prob_frac", "share of sampled tokens with μ ≤ 0.01", False),
+    ]
+    panels = _metric_panels(metrics, specs)
+    return _curves(
+        panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "rollout probability (Fig. 12)")
+    )
 
 
 # --- evaluation (eval.jsonl: one row per run and evaluation) -------------------------------------------------
@@ -133,23 +287,28 @@ def fig_drpo_weights(
 def fig_eval_curves(
     evals: pd.DataFrame, *, arms: Sequence[str] | None = None, score: str | None = None, title: str = ""
 ) -> Figure:
-    """Eval score (avg@k) vs step, one row of panels per benchmark (P-DPPO Fig. 8-10, DRPO main figure)."""
+    """Eval score (avg@k) vs step, one panel per benchmark, or per `acc/<kind>` of an AIME-style benchmark (AIME24
+    and AIME25 apart, P-DPPO Fig. 1, 3, 8-9, 11), DRPO main figure."""
     score = _score(evals, score)
-    panels = [Panel(sub, score, f"{bench} {score}") for bench, sub in _by_benchmark(evals) if sub[score].notna().any()]
+    panels = [Panel(sub, col, f"{head} {score}", title=head if col != score else "")
+              for head, col, sub in _eval_panels(evals, score)]  # fmt: skip
     return _curves(panels, arms=arms, x="step", smooth=1, title=_title(title, f"evaluation {score}"))
 
 
 def fig_final_scores(
     evals: pd.DataFrame, *, arms: Sequence[str] | None = None, score: str | None = None, title: str = ""
 ) -> Figure:
-    """Final eval score per arm as bars (mean, 95% CI, one dot per seed): the ablations' comparison."""
+    """Final eval score per arm as bars (mean, 95% CI, one dot per seed): the ablations' comparison. One panel per
+    benchmark, or per `acc/<kind>` of an AIME-style benchmark (AIME24, AIME25), as in `fig_eval_curves`."""
     score = _score(evals, score)
     arms = list(arm_columns(evals) if arms is None else arms)
-    benches = _by_benchmark(evals)
+    benches = _eval_panels(evals, score)
     n_arms = arm_labels(evals, arms).nunique()
     fig = _figure(1, len(benches), width=len(benches) * max(_CELL_W, 0.55 * n_arms + 1.5))
-    for ax, (bench, sub) in zip(fig.axes, benches, strict=True):
-        per_run = _per_run_final(sub, score, arms)
+    for ax, (bench, col, sub) in zip(fig.axes, benches, strict=True):
+        per_run = _per_run_final(sub, col, arms)
+        if col != score:
+            ax.set_title(bench)
         labels = sorted(per_run["label"].unique())
         colors = _colors(labels)
         for i, label in enumerate(labels):
@@ -217,7 +376,7 @@ def fig_delta_sweep(
 
 # --- the registry the driver walks ----------------------------------------------------------------------------
 
-# Figure file stem -> function; the first group reads `metrics` (and takes smooth=), the second `evals`.
+# Figure file stem -> function; the first group reads `metrics` (and takes smooth= and sigma=), the second `evals`.
 METRIC_FIGURES: dict[str, Callable[..., Figure]] = {
     "reward_curves": fig_reward_curves,
     "mismatch": fig_mismatch,
@@ -227,6 +386,9 @@ METRIC_FIGURES: dict[str, Callable[..., Figure]] = {
     "masked_frac": fig_masked_frac,
     "policy_drift": fig_policy_drift,
     "drpo_weights": fig_drpo_weights,
+    "mismatch_range": fig_mismatch_range,
+    "clipped_token_curves": fig_clipped_tokens,
+    "rollout_probability": fig_rollout_probability,
 }
 EVAL_FIGURES: dict[str, Callable[..., Figure]] = {
     "eval_curves": fig_eval_curves,
@@ -274,11 +436,43 @@ def _metric_panels(df: pd.DataFrame, specs: list[tuple[str, str, bool]]) -> list
     return panels
 
 
+def _signed_panels(df: pd.DataFrame, specs: list[tuple[str, str, str]]) -> list[Panel]:
+    """`<key>_pos` solid with `<key>_neg` dashed in one panel, for each (key, ylabel, title) with values."""
+    panels = []
+    for key, ylabel, title in specs:
+        pos, neg = (f"{key}_{s}" if f"{key}_{s}" in df.columns and df[f"{key}_{s}"].notna().any() else None
+                    for s in ("pos", "neg"))  # fmt: skip
+        if pos or neg:
+            sides = "A > 0 solid, A < 0 dashed" if pos and neg else ("A > 0" if pos else "A < 0")
+            panels.append(Panel(df, pos or neg, f"{ylabel}\n({sides})", title=title, second=neg if pos else None))
+    return panels
+
+
 def _score(evals: pd.DataFrame, score: str | None) -> str:
     score = score or score_column(evals)
     if score is None or score not in evals.columns or not evals[score].notna().any():
         raise SkipFigure(f"no eval score column ({score or 'avg@k'}) in eval.jsonl")
     return score
+
+
+def _kind_title(kind: str) -> str:
+    return kind.upper() if re.fullmatch(r"aime\d+", kind) else kind
+
+
+def _eval_panels(evals: pd.DataFrame, score: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """(heading, column, rows) per panel: an AIME-style benchmark (its name starts with `aime`) that logs
+    `acc/<kind>` gets one panel per kind (acc/<kind> is the avg@n over that kind's problems), headed AIME24, ...;
+    any other benchmark one panel of `score`."""
+    out = []
+    for bench, sub in _by_benchmark(evals):
+        kinds = sorted(c for c in sub.columns if c.startswith("acc/") and sub[c].notna().any())
+        if bench.lower().startswith("aime") and kinds:
+            out += [(_kind_title(c.removeprefix("acc/")), c, sub) for c in kinds]
+        elif sub[score].notna().any():
+            out.append((bench, score, sub))
+    if not out:
+        raise SkipFigure(f"no eval values for {score}")
+    return out
 
 
 def _by_benchmark(evals: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -296,10 +490,16 @@ def _per_run_final(evals: pd.DataFrame, score: str, cols: Sequence[str]) -> pd.D
     return out
 
 
-def _curves(panels: list[Panel], *, arms: Sequence[str] | None, x: str, smooth: int, title: str) -> Figure:
-    """Rows = panels, columns = precisions (when faceted), one mean line (+ band) per arm in each cell."""
+def _curves(
+    panels: list[Panel], *, arms: Sequence[str] | None, x: str, smooth: int, title: str, sigma: float = 0.0
+) -> Figure:
+    """One mean line (+ band) per arm in each panel. Unfaceted, the panels wrap into rows of up to three; when
+    precision is faceted, rows = panels and columns = precisions. `smooth` > 1: a rolling mean over that many
+    steps; `sigma` > 0: Gaussian smoothing of each run (the two are exclusive)."""
     if smooth < 1:
         raise ValueError(f"smooth={smooth} is not allowed; use a window of 1 (none) or more steps")
+    if sigma < 0 or (sigma > 0 and smooth > 1):
+        raise ValueError(f"sigma={sigma} with smooth={smooth}: use sigma >= 0, and either a rolling mean or sigma")
     everything = pd.concat([p.data for p in panels], ignore_index=True)
     if x not in everything.columns:
         raise SkipFigure(f"no {x} column for the x axis")
@@ -309,54 +509,97 @@ def _curves(panels: list[Panel], *, arms: Sequence[str] | None, x: str, smooth: 
     facets = sorted(everything[facet].astype(str).unique()) if facet else [None]
     colors = _colors(sorted(arm_labels(everything, hue).unique()))
 
-    fig = _figure(len(panels), len(facets))
-    grid = np.array(fig.axes).reshape(len(panels), len(facets))
+    if facet is None:
+        cols = min(len(panels), _MAX_COLS)
+        rows = -(-len(panels) // cols)
+        fig = _figure(rows, cols)
+        for ax in fig.axes[len(panels) :]:
+            ax.remove()
+        cells = [(panel, None, ax, i == 0) for i, (panel, ax) in enumerate(zip(panels, fig.axes, strict=False))]
+    else:
+        fig = _figure(len(panels), len(facets))
+        grid = np.array(fig.axes).reshape(len(panels), len(facets))
+        cells = [(panel, fval, grid[r, c], r == 0) for r, panel in enumerate(panels) for c, fval in enumerate(facets)]
     drawn = 0
-    for r, panel in enumerate(panels):
-        for c, fval in enumerate(facets):
-            ax: Axes = grid[r, c]
-            sub = panel.data if facet is None else panel.data[panel.data[facet].astype(str) == fval]
-            drawn += _draw_arms(ax, sub, panel, hue, x, smooth, colors)
-            ax.set_ylabel(panel.ylabel)
-            ax.grid(alpha=0.3)
-            if x == "step":
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            if r == len(panels) - 1:
-                ax.set_xlabel("training step" if x == "step" else x)
-            if r == 0 and facet is not None:
-                ax.set_title(f"precision = {fval}")
-            if r == 0 and ax.get_lines():
-                ax.legend(fontsize=7, framealpha=0.8)
+    for panel, fval, ax, top in cells:
+        sub = panel.data if fval is None else panel.data[panel.data[facet].astype(str) == fval]
+        drawn += _draw_arms(ax, sub, panel, hue, x, smooth, sigma, colors)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(alpha=0.3)
+        if x == "step":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("training step" if x == "step" else x)
+        heads = [panel.title] if panel.title else []
+        heads += [f"precision = {fval}"] if fval is not None and (top or panel.title) else []
+        if heads:
+            ax.set_title(", ".join(heads))
+        if top and ax.get_lines():
+            ax.legend(fontsize=7, framealpha=0.8)
     if drawn == 0:
         raise SkipFigure(f"no values for {' / '.join(p.column for p in panels)}")
-    note = "mean over seeds ± 95% CI (Student t)" + (f", rolling mean over {smooth} steps" if smooth > 1 else "")
+    note = "mean over seeds ± 95% CI (Student t)"
+    if smooth > 1:
+        note += f", rolling mean over {smooth} steps"
+    if sigma > 0:
+        note += f"\nGaussian-smoothed, σ = {sigma:g} steps (faded: raw)"
     fig.suptitle(f"{title}\n{note}")
     return fig
 
 
-def _draw_arms(ax: Axes, sub: pd.DataFrame, panel: Panel, hue: list[str], x: str, smooth: int, colors: dict) -> int:
+def gaussian_smooth(values: pd.Series, sigma: float) -> pd.Series:
+    """`values` smoothed by `scipy.ndimage.gaussian_filter1d` (sigma in samples, reflected at the ends); NaNs are
+    left out of the filter and stay NaN."""
+    out = pd.Series(np.nan, index=values.index, dtype=float)
+    ok = values.notna()
+    if ok.any():
+        out[ok] = gaussian_filter1d(values[ok].to_numpy(float), sigma)
+    return out
+
+
+def _draw_arms(
+    ax: Axes, sub: pd.DataFrame, panel: Panel, hue: list[str], x: str, smooth: int, sigma: float, colors: dict
+) -> int:
     labels = arm_labels(sub, hue)
-    values = sub[panel.column].dropna()
-    # Log only when the values span orders of magnitude (mismatch grows from ~1e-5 to ~1e-2 under fp8).
-    log = panel.logy and len(values) > 0 and (values > 0).all() and values.max() / values.min() >= 30
+    columns = [c for c in panel.columns if c in sub.columns]
+    values = pd.concat([sub[c] for c in columns]).dropna() if columns else pd.Series(dtype=float)
+    positive = len(values) > 0 and bool((values > 0).all())
+    if panel.yscale is not None:
+        scale = panel.yscale if panel.yscale != "log" or positive else "linear"
+    else:  # log only when the values span orders of magnitude (mismatch grows from ~1e-5 to ~1e-2 under fp8)
+        scale = "log" if panel.logy and positive and values.max() / values.min() >= 30 else "linear"
     drawn = 0
     for label in sorted(labels.unique()):
         rows = sub[labels == label]
-        # pivot_table drops runs without a value for this column, so n counts only seeds that logged it.
-        wide = rows.pivot_table(index=x, columns="run", values=panel.column, aggfunc="mean").sort_index()
-        if wide.empty:
-            continue
-        if smooth > 1:
-            wide = wide.rolling(smooth, min_periods=1).mean()
-        st = mean_ci(wide)
-        if log:  # a t-band can reach below zero, which a log axis cannot show: cut it at half the smallest value
-            st["lo"] = st["lo"].clip(lower=values.min() / 2)
-        n_runs = wide.shape[1]
-        marker = "o" if len(st) <= 12 else None
-        ax.plot(st.index, st["mean"], color=colors[label], marker=marker, markersize=3, label=f"{label} (n={n_runs})")
-        if n_runs >= 2:
-            ax.fill_between(st.index, st["lo"], st["hi"], color=colors[label], alpha=0.2, linewidth=0)
-        drawn += 1
-    if log and drawn:
-        ax.set_yscale("log")
+        labelled = False  # the arm's first line carries its legend entry
+        for column, style in zip(columns, ("-", "--"), strict=False):
+            # pivot_table drops runs without a value for this column, so n counts only seeds that logged it.
+            wide = rows.pivot_table(index=x, columns="run", values=column, aggfunc="mean").sort_index()
+            if wide.empty:
+                continue
+            if smooth > 1:
+                wide = wide.rolling(smooth, min_periods=1).mean()
+            if sigma > 0:
+                raw = wide.mean(axis=1)
+                ax.plot(raw.index, raw, color=colors[label], linestyle=style, alpha=_RAW_ALPHA, linewidth=0.8)
+                wide = wide.apply(gaussian_smooth, sigma=sigma)
+            st = mean_ci(wide)
+            if scale == "log":  # a t-band can reach below zero, which a log axis cannot show: cut it
+                st["lo"] = st["lo"].clip(lower=values.min() / 2)
+            n_runs = wide.shape[1]
+            marker = "o" if len(st) <= 12 and sigma == 0 else None
+            ax.plot(
+                st.index,
+                st["mean"],
+                color=colors[label],
+                linestyle=style,
+                marker=marker,
+                markersize=3,
+                label="_nolegend_" if labelled else f"{label} (n={n_runs})",
+            )
+            if n_runs >= 2:
+                ax.fill_between(st.index, st["lo"], st["hi"], color=colors[label], alpha=0.2, linewidth=0)
+            drawn += not labelled
+            labelled = True
+    if drawn and scale != "linear":
+        ax.set_yscale(scale)
     return drawn

@@ -9,6 +9,8 @@ never logged (no update happened, so no mismatch) is averaged over the runs that
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +18,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.stats import arm_columns, final_eval_scores, is_config_column, score_column, t_critical
+from analysis.stats import (
+    arm_columns,
+    arm_labels,
+    final_eval_scores,
+    is_config_column,
+    score_column,
+    t_critical,
+)
 
 REWARD = "reward/mean"
 MISMATCH = "mismatch/k3"
@@ -148,3 +157,111 @@ def failed_runs_markdown(failed: pd.DataFrame) -> str:
         why = str(why).strip().splitlines()[0][:200] if isinstance(why, str) and why.strip() else "no error recorded"
         lines.append(f"- `{r['run']}` ({r['status']}): {why}")
     return "\n".join(lines) + "\n"
+
+
+# --- App. D: the most clipped tokens ---------------------------------------------------------------------------
+
+CLIPPED_TOKENS_FILE = "clipped_tokens.csv"
+CLIPPED_TOKEN_COLUMNS = ("sign", "rank", "token_id", "token", "clipped", "seen", "clipped_share")
+CLIPPED_TOP = 50  # P-DPPO App. D lists 50 tokens per sign of A
+_SIGN_HEADS = {"pos": "A > 0", "neg": "A < 0"}
+
+
+def read_clipped_tokens(run_dir: Path | str) -> pd.DataFrame | None:
+    """A run's clipped_tokens.csv (None when it has none); the token text is read verbatim ("nan", "" stay text).
+
+    A file without the expected columns raises ValueError naming the file and what it lacks.
+    """
+    path = Path(run_dir) / CLIPPED_TOKENS_FILE
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path, dtype={"token": str, "sign": str}, keep_default_na=False, na_values={"clipped_share": [""]})
+    missing = [c for c in CLIPPED_TOKEN_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: no column {', '.join(missing)}")
+    return df
+
+
+def clipped_token_table(
+    runs: pd.DataFrame, *, arms: Sequence[str] | None = None, top: int = CLIPPED_TOP
+) -> tuple[pd.DataFrame, list[str]]:
+    """P-DPPO App. D over the runs of each arm: per arm and sign of A, the `top` token ids clipped most often.
+
+    `runs`: one row per run (`run` = its directory, plus config columns). Per token id, `clipped` and `seen` are
+    summed over the arm's runs whose clipped_tokens.csv lists it, `clipped_share` = clipped / seen of those sums,
+    and `runs` counts them. Each run's file holds only its own top 50, so a token that missed a run's list adds
+    nothing from that run: the sums are lower bounds for tokens near the cut. Rank 1 = most clipped (ties: higher
+    share, then lower token id). Returns (table, runs without a usable file); W&B runs count as without.
+    """
+    arms = list(arm_columns(runs) if arms is None else arms)
+    frames, without = [], []
+    for _, row in runs.iterrows():
+        run = str(row["run"])
+        try:
+            df = None if run.startswith("wandb:") else read_clipped_tokens(run)
+        except (ValueError, pd.errors.ParserError) as exc:
+            logging.getLogger(__name__).warning("%s; its clipped tokens are left out", exc)
+            df = None
+        if df is None or df.empty:
+            without.append(run)
+            continue
+        frames.append(df.assign(run=run, arm=_arm_label(row, arms)))
+    cols = ["arm", "sign", "rank", "token_id", "token", "clipped", "seen", "clipped_share", "runs"]
+    if not frames:
+        return pd.DataFrame(columns=cols), without
+    rows = pd.concat(frames, ignore_index=True)
+    g = rows.groupby(["arm", "sign", "token_id"], sort=False)
+    agg = g.agg(token=("token", "first"), clipped=("clipped", "sum"), seen=("seen", "sum"), runs=("run", "nunique"))
+    agg = agg.reset_index()
+    agg["clipped_share"] = agg["clipped"] / agg["seen"].where(agg["seen"] > 0)
+    agg["sign_order"] = agg["sign"].map({"pos": 0, "neg": 1}).fillna(2)
+    agg = agg.sort_values(
+        ["arm", "sign_order", "clipped", "clipped_share", "token_id"], ascending=[True, True, False, False, True]
+    )
+    agg["rank"] = agg.groupby(["arm", "sign"]).cumcount() + 1
+    agg = agg[agg["rank"] <= top]
+    return agg[cols].reset_index(drop=True), without
+
+
+def _arm_label(row: pd.Series, arms: Sequence[str]) -> str:
+    return str(arm_labels(row.to_frame().T, arms).iloc[0])
+
+
+def _token_cell(token: str) -> str:
+    """A token's text with its spaces and newlines visible, safe inside a Markdown table cell."""
+    return json.dumps(token, ensure_ascii=False).replace("|", "\\|")
+
+
+def clipped_tokens_markdown(table: pd.DataFrame, title: str = "") -> str:
+    """One section per arm, one table per sign of A: rank, token, id, clipped, seen, share, runs listing it."""
+    lines = [f"# {title}: most clipped tokens (P-DPPO App. D)" if title else "# Most clipped tokens (App. D)", ""]
+    lines += [
+        "Tokens of A != 0 whose gradient weight was exactly 0 (masked or clipped by the trust region), summed over",
+        "the arm's runs from each run's `clipped_tokens.csv` (its 50 most clipped per sign). share = clipped / seen;",
+        "runs = how many of the arm's runs list the token (a run that did not list it adds nothing).",
+        "",
+    ]
+    for arm, sub in table.groupby("arm", sort=True):
+        lines += [f"## {arm}", ""]
+        for sign in [s for s in ("pos", "neg") if s in set(sub["sign"])] + sorted(set(sub["sign"]) - {"pos", "neg"}):
+            part = sub[sub["sign"] == sign]
+            lines += [f"### {_SIGN_HEADS.get(sign, sign)}", ""]
+            lines += ["| rank | token | id | clipped | seen | share | runs |", "|---|---|---|---|---|---|---|"]
+            for _, r in part.iterrows():
+                share = "–" if pd.isna(r["clipped_share"]) else f"{r['clipped_share']:.3f}"
+                lines.append(
+                    f"| {r['rank']} | {_token_cell(r['token'])} | {r['token_id']} | {r['clipped']} | {r['seen']} "
+                    f"| {share} | {r['runs']} |"
+                )
+            lines.append("")
+    return "\n".join(lines)
+
+
+def write_clipped_tokens(table: pd.DataFrame, out_dir: Path | str, title: str) -> list[Path]:
+    """clipped_tokens.md (the App. D tables) and clipped_tokens.csv (the same numbers) in `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "clipped_tokens.md", out_dir / "clipped_tokens.csv"]
+    paths[0].write_text(clipped_tokens_markdown(table, title))
+    table.to_csv(paths[1], index=False)
+    return paths

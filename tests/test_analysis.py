@@ -23,21 +23,26 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PolyCollection
 from omegaconf import OmegaConf
+from scipy.ndimage import gaussian_filter1d
 
 from analysis.__main__ import main
 from analysis.figures import (
     SkipFigure,
+    fig_clipped_tokens,
     fig_delta_sweep,
     fig_drpo_weights,
+    fig_entropy,
     fig_eval_curves,
     fig_final_scores,
     fig_mismatch,
+    fig_mismatch_range,
     fig_reward_curves,
+    fig_rollout_probability,
     save_figure,
 )
 from analysis.load import find_run_dirs, load, load_runs, parse_wandb_source, runset_from_wandb, split_wandb_history
 from analysis.stats import arm_columns, mean_ci, t_critical
-from analysis.tables import experiment_table, to_markdown
+from analysis.tables import clipped_token_table, clipped_tokens_markdown, experiment_table, to_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 A = {"grpo": 0.1, "dppo": 0.2}
@@ -297,6 +302,11 @@ def test_cli_writes_every_experiment(
     assert not (out / "geometry" / "gradient_weight_grpo.png").exists()
     assert "skip exp_a/drpo_weights: no values for objective/neg_weight_frac" in res.stdout
     assert "skip exp_a/tokens_*: no tokens.parquet in its 6 runs" in res.stdout
+    # The paper figures whose keys these runs did not log are skipped with their reason.
+    assert "skip exp_a/mismatch_range: no values for mismatch/mu_minus_pi_max / mismatch/mu_minus_pi_min" in res.stdout
+    assert "skip exp_a/clipped_token_curves: no values for objective/clipped_mu_mean_pos|neg" in res.stdout
+    assert "skip exp_a/rollout_probability: no values for rollout/topk_mass / rollout/low_prob_frac" in res.stdout
+    assert "skip exp_a/clipped_tokens: no clipped_tokens.csv in its 6 runs" in res.stdout
     table_md = (out / "exp_a" / "table.md").read_text()
     assert "objective=dppo,seed=3` (failed): RuntimeError: boom" in table_md
     assert r"0.400 $\pm$ 0.248" in (out / "exp_a" / "table.tex").read_text()
@@ -475,3 +485,219 @@ def test_older_config_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptureF
     (line,) = fig_reward_curves(m).axes[0].get_lines()
     assert line.get_label() == "grpo (n=1)"
     assert experiment_table(m, rs.evals)["final_mean"].tolist() == [0.5]
+
+
+# --- the paper's figure set (P-DPPO v3 figure numbers), on synthetic frames ---------------------------------------
+
+
+def _frame(runs: dict[tuple[str, int], dict[str, list[float]]], steps: list[int]) -> pd.DataFrame:
+    """One row per run and step, as load_runs gives it: `run`, `step`, objective.name, seed, then the values."""
+    rows = []
+    for (obj, seed), cols in runs.items():
+        for i, step in enumerate(steps):
+            rows.append({"run": f"{obj}-{seed}", "step": step, "objective.name": obj, "seed": seed,
+                         **{k: v[i] for k, v in cols.items()}})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _lines(ax) -> dict[str, object]:
+    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def _aime_evals() -> pd.DataFrame:
+    # grpo / dppo x seeds 0, 1 at steps 0, 5, 10; acc/aime24 = a24 + 0.1 step/5 + 0.02 seed, acc/aime25 = half.
+    a24 = {"grpo": 0.1, "dppo": 0.2}
+    runs = {}
+    for obj in a24:
+        for seed in (0, 1):
+            acc24 = [a24[obj] + 0.1 * k + 0.02 * seed for k in range(3)]
+            runs[(obj, seed)] = {"acc/aime24": acc24, "acc/aime25": [v / 2 for v in acc24],
+                                 "avg@32": [0.75 * v for v in acc24]}  # fmt: skip
+    return _frame(runs, [0, 5, 10]).assign(benchmark="aime24_25")
+
+
+def test_aime24_and_aime25_get_their_own_panels() -> None:
+    evals = _aime_evals()
+    fig = fig_eval_curves(evals)
+    assert [ax.get_title() for ax in fig.axes] == ["AIME24", "AIME25"]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["AIME24 avg@32", "AIME25 avg@32"]
+    # dppo on AIME25 at steps 0 / 5 / 10: (0.2 + 0.1 k + 0.02 seed) / 2 averaged over seeds 0, 1 = 0.105, 0.155, 0.205.
+    assert _lines(fig.axes[1])["dppo (n=2)"].get_ydata() == pytest.approx([0.105, 0.155, 0.205])
+    assert _lines(fig.axes[0])["grpo (n=2)"].get_ydata() == pytest.approx([0.11, 0.21, 0.31])
+
+    bars = fig_final_scores(evals)
+    assert [ax.get_title() for ax in bars.axes] == ["AIME24", "AIME25"]
+    # Bars in sorted label order (dppo, grpo); final AIME24 = 0.2 + 0.2 + 0.01 (dppo), 0.1 + 0.2 + 0.01 (grpo).
+    assert [b.get_height() for b in bars.axes[0].patches] == pytest.approx([0.41, 0.31])
+
+    # Arithmetic keeps one avg@k panel per benchmark, its acc/<kind> columns notwithstanding.
+    arith = evals.rename(columns={"acc/aime24": "acc/add", "acc/aime25": "acc/mul"}).assign(benchmark="arith")
+    (ax,) = fig_eval_curves(arith).axes
+    assert ax.get_title() == "" and ax.get_ylabel() == "arith avg@32"
+    both = fig_eval_curves(pd.concat([arith, evals], ignore_index=True))
+    assert [ax.get_title() for ax in both.axes] == ["AIME24", "AIME25", ""]
+
+
+def test_gaussian_smoothing_is_drawn_over_the_faded_raw_curve() -> None:
+    raw = [0.0, 1.0, 0.2, 0.9, 0.1, 0.8, 0.5, 0.4, 1.0, 0.0]
+    metrics = _frame({("dppo", 0): {"reward/mean": raw}}, list(range(1, 11)))
+    (ax,) = fig_reward_curves(metrics, sigma=2).axes
+    faded, smoothed = ax.get_lines()
+    assert faded.get_alpha() < 0.5 and faded.get_label().startswith("_")
+    assert list(faded.get_ydata()) == pytest.approx(raw)
+    assert smoothed.get_label() == "dppo (n=1)"
+    assert list(smoothed.get_ydata()) == pytest.approx(gaussian_filter1d(np.array(raw), 2.0))
+    # Two seeds: each run is smoothed, then averaged (the filter is linear, so = the smoothed mean).
+    other = [1.0 - v for v in raw]
+    two = _frame({("dppo", 0): {"reward/mean": raw}, ("dppo", 1): {"reward/mean": other}}, list(range(1, 11)))
+    (ax,) = fig_reward_curves(two, sigma=2).axes
+    mean = (np.array(raw) + np.array(other)) / 2
+    assert _lines(ax)["dppo (n=2)"].get_ydata() == pytest.approx(gaussian_filter1d(mean, 2.0))
+    # sigma = 0 (the function default) draws the raw mean alone.
+    (ax,) = fig_reward_curves(metrics).axes
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [pytest.approx(raw)]
+    with pytest.raises(ValueError, match="either a rolling mean or sigma"):
+        fig_reward_curves(metrics, smooth=3, sigma=2)
+
+
+def test_entropy_is_on_a_log_axis() -> None:
+    # Values within a factor of 2: the span rule alone would keep a linear axis; Fig. 7's entropy is always log.
+    metrics = _frame({("grpo", 0): {"rollout/entropy": [0.8, 0.6, 0.5, 0.4]}}, [1, 2, 3, 4])
+    (ax,) = fig_entropy(metrics).axes
+    assert ax.get_yscale() == "log"
+    with pytest.raises(SkipFigure, match="rollout/entropy"):
+        fig_entropy(metrics.drop(columns="rollout/entropy"))
+
+
+def test_mismatch_range_panel_beside_the_mean() -> None:
+    steps = [1, 2, 3]
+    runs = {
+        (obj, seed): {
+            "mismatch/abs_prob_diff_mean": [1e-4 * (seed + 1) * k for k in steps],
+            "mismatch/mu_minus_pi_max": [0.1 * k + 0.1 * seed for k in steps],
+            "mismatch/mu_minus_pi_min": [-0.2 * k - 0.1 * seed for k in steps],
+        }
+        for obj in ("pg_is", "dppo")
+        for seed in (0, 1)
+    }
+    fig = fig_mismatch_range(_frame(runs, steps))
+    assert [ax.get_title() for ax in fig.axes] == ["mean |μ − π|", "max and min of μ − π"]
+    ax = fig.axes[1]
+    assert ax.get_yscale() == "linear"
+    lines = [line for line in ax.get_lines() if line.get_linestyle() in ("-", "--") and len(line.get_xdata()) == 3]
+    assert sorted(line.get_linestyle() for line in lines) == ["-", "-", "--", "--"]  # max solid, min dashed, 2 arms
+    # pg_is max at steps 1..3: 0.1 k + 0.1 seed over seeds 0, 1 = 0.15, 0.25, 0.35; min: -0.25, -0.45, -0.65.
+    assert _lines(ax)["pg_is (n=2)"].get_ydata() == pytest.approx([0.15, 0.25, 0.35])
+    dashed = [line.get_ydata() for line in lines if line.get_linestyle() == "--"]
+    assert any(np.allclose(y, [-0.25, -0.45, -0.65]) for y in dashed)
+    # Without the max/min keys there is nothing new to show (the mismatch figure has the mean).
+    only_mean = _frame({k: {"mismatch/abs_prob_diff_mean": v["mismatch/abs_prob_diff_mean"]} for k, v in runs.items()},
+                       steps)  # fmt: skip
+    with pytest.raises(SkipFigure, match="mismatch/mu_minus_pi_max"):
+        fig_mismatch_range(only_mean)
+
+
+def test_clipped_token_panels_by_sign() -> None:
+    steps = [1, 2, 3]
+    nan = float("nan")
+    runs = {
+        ("grpo", seed): {
+            "reward/mean": [0.1 * k for k in steps],
+            "objective/clipped_frac_pos": [0.01, 0.02, 0.03],
+            "objective/clipped_frac_neg": [0.02, 0.0, 0.04],
+            "objective/clipped_mu_mean_pos": [0.1 + seed, 0.2, 0.3],
+            # seed 1 clipped nothing with A < 0 at step 2: NaN, left out of that step's mean.
+            "objective/clipped_mu_mean_neg": [0.05, 0.06 if seed == 0 else nan, 0.07],
+            "objective/clipped_entropy_mean_pos": [2.0, 1.5, 1.0],
+            "objective/clipped_entropy_mean_neg": [2.5, 2.0, 1.5],
+        }
+        for seed in (0, 1)
+    }
+    metrics = _frame(runs, steps)
+    fig = fig_clipped_tokens(metrics)
+    titles = ["reward", "μ of clipped tokens", "entropy of clipped tokens", "clipped fraction"]
+    assert [ax.get_title() for ax in fig.axes] == titles
+    mu = fig.axes[1]
+    solid, dashed = (line for line in mu.get_lines())
+    # A > 0 at step 1: (0.1 + 0.1 + 1) / 2 = 0.6; A < 0 at step 2: seed 0's 0.06 alone.
+    assert solid.get_linestyle() == "-" and solid.get_ydata()[0] == pytest.approx(0.6)
+    assert dashed.get_linestyle() == "--" and dashed.get_ydata()[1] == pytest.approx(0.06)
+    assert "A > 0 solid, A < 0 dashed" in mu.get_ylabel()
+    clipped_keys = [c for c in metrics.columns if "clipped_mu" in c or "clipped_entropy" in c]
+    with pytest.raises(SkipFigure, match="objective/clipped_mu_mean_pos"):
+        fig_clipped_tokens(metrics.drop(columns=clipped_keys))
+
+
+def test_rollout_probability_figure() -> None:
+    steps = [1, 2]
+    values = {"rollout/topk_mass": [0.994, 0.999], "rollout/low_prob_frac": [0.03, 0.02]}
+    metrics = _frame({("dppo_topk_tv", 0): values}, steps)
+    fig = fig_rollout_probability(metrics)
+    assert len(fig.axes) == 2
+    assert _lines(fig.axes[0])["dppo_topk_tv (n=1)"].get_ydata() == pytest.approx([0.994, 0.999])
+    # A run without Top-K logs no topk_mass: the low-probability panel alone.
+    assert len(fig_rollout_probability(metrics.drop(columns="rollout/topk_mass")).axes) == 1
+    with pytest.raises(SkipFigure, match="rollout/topk_mass / rollout/low_prob_frac"):
+        fig_rollout_probability(metrics.drop(columns=["rollout/topk_mass", "rollout/low_prob_frac"]))
+
+
+def _write_clipped(run_dir: Path, rows: list[tuple]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows, columns=["sign", "rank", "token_id", "token", "clipped", "seen", "clipped_share"])
+    df.to_csv(run_dir / "clipped_tokens.csv", index=False)
+
+
+def test_clipped_token_table_sums_an_arms_runs(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "dppo-0", tmp_path / "dppo-1", tmp_path / "grpo-0"
+    _write_clipped(
+        a, [("pos", 1, 5, " Wait", 10, 20, 0.5), ("pos", 2, 7, "2", 4, 8, 0.5), ("neg", 1, 9, "|", 3, 3, 1.0)]
+    )
+    _write_clipped(b, [("pos", 1, 8, "nan", 12, 40, 0.3), ("pos", 2, 5, " Wait", 6, 12, 0.5)])
+    c.mkdir()  # grpo wrote no file
+    runs = pd.DataFrame(
+        {"run": [str(a), str(b), str(c)], "objective.name": ["dppo", "dppo", "grpo"], "seed": [0, 1, 0]}
+    )
+    table, without = clipped_token_table(runs)
+    assert without == [str(c)]
+    pos = table[(table["arm"] == "dppo") & (table["sign"] == "pos")].set_index("rank")
+    # " Wait": 10 + 6 clipped of 20 + 12 seen = 16 / 32 = 0.5 in 2 runs; "nan": 12 / 40 = 0.3; "2": 4 / 8 = 0.5.
+    assert pos["token"].tolist() == [" Wait", "nan", "2"]
+    assert pos["clipped"].tolist() == [16, 12, 4] and pos["seen"].tolist() == [32, 40, 8]
+    assert pos["clipped_share"].tolist() == pytest.approx([0.5, 0.3, 0.5]) and pos["runs"].tolist() == [2, 1, 1]
+    neg = table[table["sign"] == "neg"]
+    assert neg[["token_id", "clipped", "seen", "runs"]].values.tolist() == [[9, 3, 3, 1]]
+    top2, _ = clipped_token_table(runs, top=2)
+    assert top2[top2["sign"] == "pos"]["token_id"].tolist() == [5, 8]
+    md = clipped_tokens_markdown(table, "exp")
+    assert "## dppo" in md and "### A > 0" in md and "### A < 0" in md
+    assert '| 1 | " Wait" | 5 | 16 | 32 | 0.500 | 2 |' in md
+    assert '| 1 | "\\|" | 9 | 3 | 3 | 1.000 | 1 |' in md  # a pipe in a token does not break the table
+
+
+def test_cli_writes_the_paper_figure_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = list(range(1, 6))
+    for obj in ("grpo", "dppo"):
+        run_dir = tmp_path / "outputs" / "paper" / "t" / f"objective={obj}"
+        metrics = [{"step": k, "reward/mean": 0.1 * k, "rollout/entropy": 1.0 / k, "rollout/low_prob_frac": 0.02,
+                    "mismatch/abs_prob_diff_mean": 1e-3,
+                    "mismatch/mu_minus_pi_max": 0.1, "mismatch/mu_minus_pi_min": -0.1,
+                    "objective/clipped_frac_pos": 0.01, "objective/clipped_frac_neg": 0.02,
+                    "objective/clipped_mu_mean_pos": 0.1, "objective/clipped_mu_mean_neg": 0.2,
+                    "objective/clipped_entropy_mean_pos": 1.0, "objective/clipped_entropy_mean_neg": 2.0}
+                   for k in steps]  # fmt: skip
+        evals = [{"step": s, "benchmark": "aime24_25", "avg@4": 0.1, "acc/aime24": 0.1, "acc/aime25": 0.2}
+                 for s in (0, 5)]  # fmt: skip
+        _write_run(run_dir, _config("paper", obj, 0, DELTA[obj]), metrics, evals)
+        _write_clipped(run_dir, [("pos", 1, 5, " Wait", 3, 4, 0.75), ("neg", 1, 6, " Thus", 2, 5, 0.4)])
+    out = tmp_path / "figs"
+    assert main(["--roots", str(tmp_path / "outputs"), "--out", str(out), "--no-geometry"]) == 0
+    stdout = capsys.readouterr().out
+    for stem in ("mismatch_range.png", "clipped_token_curves.png", "rollout_probability.png", "entropy.png",
+                 "eval_curves.png", "final_scores.png", "clipped_tokens.md", "clipped_tokens.csv"):  # fmt: skip
+        assert (out / "paper" / stem).is_file(), stem
+    assert '| 1 | " Wait" | 5 | 3 | 4 | 0.750 | 1 |' in (out / "paper" / "clipped_tokens.md").read_text()
+    assert "[clipped_tokens.md](paper/clipped_tokens.md)" in (out / "index.md").read_text()
+    for stem in ("mismatch_range", "clipped_token_curves", "clipped_tokens", "rollout_probability", "eval_curves"):
+        assert f"skip paper/{stem}:" not in stdout and f"wrote {out / 'paper' / stem}." in stdout
+    with pytest.raises(SystemExit):
+        main(["--roots", str(tmp_path / "outputs"), "--out", str(out), "--smooth", "3", "--sigma", "2"])
