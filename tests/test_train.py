@@ -40,11 +40,52 @@ def test_two_steps_of_every_objective(tmp_path, small_model, objective):
     trained = [r for r in rows if r["optim/updates"] > 0]
     for r in trained:
         assert "objective/masked_frac" in r and "mismatch/k3" in r and r["optim/grad_norm"] >= 0
+        check_figure_metrics(r, objective)
+    if trained:
+        check_clipped_table(run_dir, objective)
     evals = read_jsonl(run_dir / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 1, 2] and all(0 <= e["avg@1"] <= 1 for e in evals)
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["status"] == "completed" and final["final_score"] == evals[-1]["avg@1"]
     check_token_samples(run_dir, objective, trained_steps={r["step"] for r in trained})
+
+
+def check_figure_metrics(r: dict, objective: str) -> None:
+    """What the papers' figures plot (Fig. 3 max/min of mu - pi, Fig. 6 clipped tokens, Fig. 12 top-K mass)."""
+    hi, lo = r["mismatch/mu_minus_pi_max"], r["mismatch/mu_minus_pi_min"]
+    assert hi >= lo and r["mismatch/abs_prob_diff_max"] == pytest.approx(max(hi, -lo), abs=1e-7)
+    assert 0 <= r["rollout/low_prob_frac"] <= 1
+    for sign in ("pos", "neg"):
+        assert 0 <= r[f"objective/clipped_frac_{sign}"] <= 1 or r[f"objective/clipped_frac_{sign}"] is None
+    if objective == "pg_is":  # no trust region: no token's gradient is ever dropped
+        assert r["objective/clipped_frac_pos"] in (0, None) and r["objective/clipped_frac_neg"] in (0, None)
+    if "topk" in objective:
+        assert 0 < r["rollout/topk_mass"] <= 1 + 1e-6
+    else:
+        assert "rollout/topk_mass" not in r
+
+
+def check_clipped_table(run_dir, objective: str) -> None:
+    """clipped_tokens.csv (App. D): per sign, tokens ranked by how often they were clipped, never more than seen."""
+    import pandas as pd
+
+    table = pd.read_csv(run_dir / "clipped_tokens.csv", keep_default_na=False)
+    assert list(table.columns) == ["sign", "rank", "token_id", "token", "clipped", "seen", "clipped_share"]
+    assert (table["clipped"] <= table["seen"]).all() and set(table["sign"]) <= {"pos", "neg"}
+    for _, part in table.groupby("sign"):
+        assert list(part["clipped"]) == sorted(part["clipped"], reverse=True)
+    if objective == "pg_is":
+        assert table.empty
+
+
+def test_no_mismatch_reference_recomputes_mu_with_the_trainer(tmp_path, small_model):
+    """rollout.behavior=trainer (DPPO Fig. 3's "no mismatch" curve): pi = mu exactly before the first update."""
+    summary, run_dir = run(
+        tmp_path, *small_model, *FAST_TRAINER, "rollout=hf", "objective=pg_is", "trainer.total_steps=1",
+        "rollout.behavior=trainer",
+    )  # fmt: skip
+    (row,) = read_jsonl(run_dir / "metrics.jsonl")
+    assert row["mismatch/abs_prob_diff_max"] == 0.0 and row["mismatch/k3"] == 0.0
 
 
 def check_token_samples(run_dir, objective: str, trained_steps: set[int]) -> None:
