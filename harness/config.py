@@ -44,6 +44,22 @@ class ModelConfig:
             "without a download; a run uses the checkpoint's own config"
         },
     )
+    # LoRA (harness/lora.py, through peft): only the adapters train; the rollout engine gets merged weights.
+    lora_rank: int = field(
+        default=0, metadata={"ge": 0, "help": "LoRA rank r; 0 = full fine-tuning (DPPO Fig. 17: 32)"}
+    )
+    lora_alpha: float | None = field(
+        default=None,
+        metadata={"gt": 0, "help": "LoRA alpha (the update is alpha / r * B A); null = 2 x rank (Fig. 17: 64)"},
+    )
+    lora_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "help": "dropout on the LoRA input"})
+    lora_targets: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "module suffixes (q_proj, self_attn.o_proj) or fused MoE expert stacks (experts.gate_up_proj) "
+            "to adapt; empty = every linear layer and expert stack of the decoder layers"
+        },
+    )
     # The tiny model (used when path is null): tiny-learnability.md's measured recipe.
     vocab_size: int = field(default=1000, metadata={"ge": 64, "help": "BPE vocabulary to train"})
     hidden_size: int = field(default=256, metadata={"ge": 8})
@@ -329,6 +345,9 @@ def _check_combinations(run: RunConfig) -> None:
                 f"precision.name: fp8_e2e quantizes the trainer's nn.Linear layers and {path!r} has none ({reason}); "
                 "allowed with this model: fp32, bf16, fp8_rollout"
             )
+    from harness.lora import check_lora_config
+
+    check_lora_config(run.model, run.precision.name)
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
     if run.data.name != "arith" and run.data.path is None:

@@ -63,6 +63,12 @@ BAD = [
     (["seed=-1"], "seed", ">= 0"),
     (["+colour=blue"], "colour", "allowed"),
     (["precision=fp8_e2e", "model.path=<gpt2>"], "precision.name", "fp32, bf16, fp8_rollout"),
+    (["model.lora_rank=-1"], "model.lora_rank", ">= 0"),
+    (["model.lora_alpha=64"], "model.lora_alpha", "model.lora_rank=<r>"),
+    (["model.lora_targets=[q_proj]"], "model.lora_targets", "LoRA is off"),
+    (["model.lora_rank=8", "model.lora_targets=[qproj]"], "model.lora_targets", "allowed: down_proj, gate_proj"),
+    (["model.lora_rank=8", "precision=fp8_e2e"], "model.lora_rank", "allowed with LoRA: fp32, bf16, fp8_rollout"),
+    (["model=qwen3_30b_a3b_base", "model.lora_rank=8", "model.lora_dropout=0.1"], "model.lora_dropout", "must be 0"),
 ]
 
 

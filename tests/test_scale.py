@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness.config import compose, validate
+from harness.lora import resolve_targets, structure, structure_from_fields
 from harness.machine import Machine, check, probe
 from harness.models import architecture_config, decoder_layers, meta_model
 
@@ -59,6 +60,9 @@ def test_preset_instantiates_on_meta_device_at_its_published_size(preset, cls, l
     assert in_blocks == n - sum(p.numel() for name, p in model.named_parameters() if ".layers." not in name)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert model.is_gradient_checkpointing
+    # LoRA's config-time target check reads a table, not the model: it must list this model's own projections.
+    from_table = resolve_targets(structure_from_fields(m.architecture), (), 0.0)
+    assert from_table == resolve_targets(structure(model), (), 0.0) and from_table.modules
 
 
 def test_moe_preset_routes_eight_of_128_experts():
