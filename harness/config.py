@@ -109,9 +109,12 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "dapo_math", "math_lvl3to5"] = field(default="arith", metadata={"help": "training set"})
+    name: Literal["arith", "dapo_math", "math_lvl3to5", "ultrafeedback", "hh_rlhf"] = field(
+        default="arith",
+        metadata={"help": "training set; ultrafeedback / hh_rlhf are prompts for reward.kind=reward_model (RLHF)"},
+    )
     path: str | None = field(
-        default=None, metadata={"help": "dapo_math/math_lvl3to5: local .jsonl/.parquet file or hub dataset name"}
+        default=None, metadata={"help": "every set but arith: local .jsonl/.parquet file or hub dataset name"}
     )
     split: str = field(default="train", metadata={"help": "hub dataset split (ignored for local files)"})
     levels: tuple[int, ...] = field(
@@ -136,12 +139,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class BenchmarkConfig:
-    name: Literal["arith", "aime24", "aime25", "aime24_25"] = field(default="arith")
+    name: Literal["arith", "aime24", "aime25", "aime24_25", "ultrafeedback", "hh_rlhf"] = field(
+        default="arith",
+        metadata={"help": "ultrafeedback / hh_rlhf: held-out prompts scored by the reward model (rm_score)"},
+    )
     path: str | tuple[str, ...] | None = field(
         default=None,
         metadata={
             "help": "AIME: local .jsonl/.parquet file or hub dataset name (id/problem/answer); aime24_25: a list "
-            "of two, 2024 first ([a,b], or the quoted string 'a,b'); arith: null (data's held-out arith split)"
+            "of two, 2024 first ([a,b], or the quoted string 'a,b'); ultrafeedback / hh_rlhf: one file or hub "
+            "name of prompts (harness/tasks/rlhf.py layouts); arith: null (data's held-out arith split)"
         },
     )
     split: str = field(default="train", metadata={"help": "hub dataset split (ignored for local files)"})
@@ -233,8 +240,29 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
+    kind: Literal["verify", "reward_model"] = field(
+        default="verify",
+        metadata={
+            "help": "verify: math-verify against the gold answer; reward_model: a learned sequence-classification "
+            "reward model scores (prompt, completion) (RLHF, DPPO Fig. 10)"
+        },
+    )
+    model_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "reward_model: hub id or local folder of an AutoModelForSequenceClassification with one label "
+            "(the paper's: Skywork/Skywork-Reward-Llama-3.1-8B), or tiny (a hand-set model on the policy's "
+            "tokenizer whose score rises with the share of digit tokens; tests and CPU minis)"
+        },
+    )
+    batch_size: int = field(default=8, metadata={"ge": 1, "help": "reward_model: sequences per forward"})
+    max_length: int | None = field(
+        default=None,
+        metadata={"ge": 2, "help": "reward_model: longer inputs keep their last tokens; null = no limit"},
+    )
+    dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "reward_model: its weights"})
     scheme: Literal["binary", "signed"] = field(
-        default="binary", metadata={"help": "binary: 1 correct / 0 otherwise; signed: +1 / -1"}
+        default="binary", metadata={"help": "verify: binary 1 correct / 0 otherwise; signed +1 / -1"}
     )
     fallback_pattern: str | None = field(
         default=None,
@@ -353,6 +381,32 @@ def _check_combinations(run: RunConfig) -> None:
     if run.data.name != "arith" and run.data.path is None:
         raise ValueError(f"data.path: data={run.data.name} needs a local file or hub name")
     _check_data(run)
+    _check_reward(run)
+
+
+def _check_reward(run: RunConfig) -> None:
+    from harness.reward_model import check_reward_model_path
+    from harness.tasks import RLHF_SETS
+
+    r = run.reward
+    if r.kind == "reward_model":
+        if r.model_path is None:
+            raise ValueError(
+                "reward.model_path: reward.kind=reward_model needs a reward model (a hub id, a local folder, or tiny)"
+            )
+        check_reward_model_path(r.model_path)
+        return
+    if r.model_path is not None:
+        raise ValueError(
+            f"reward.model_path: set to {r.model_path!r} but reward.kind=verify grades with math-verify; "
+            "set reward.kind=reward_model to score with it"
+        )
+    for key, name in (("data", run.data.name), ("benchmark", run.benchmark.name)):
+        if name in RLHF_SETS:
+            raise ValueError(
+                f"reward.kind: {key}={name} holds prompts without answers, which math-verify cannot grade; "
+                "use reward.kind=reward_model with reward.model_path"
+            )
 
 
 def _check_data(run: RunConfig) -> None:
