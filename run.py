@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from harness.cli import JobFailed, check_group_options, check_output_dir, run_job, share_run_stamp, sweep_exit_code
 from harness.config import register_schemas
-from harness.distributed import close as close_process_group
+from harness.loop.distributed import close as close_process_group
 
 register_schemas()
 

@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from harness.runlog import WandbSettings, resolve_wandb_mode
+from harness.loop.runlog import WandbSettings, resolve_wandb_mode
 
 # RunLog sets job_type = objective and group = experiment (harness/train.py wandb_settings).
 GROUP_BY = "JobType"

@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from harness.runlog import read_jsonl
+from harness.loop.runlog import read_jsonl
 
 logger = logging.getLogger(__name__)
 

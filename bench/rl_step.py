@@ -12,7 +12,7 @@ Cases, run one after another in this process:
   differ. Timed with a TrainerCallback from ``on_step_begin`` to ``on_step_end`` (generation, rewards, loss,
   optimizer step; TRL's logging comes after). Tokens = the step's increase of ``state.num_input_tokens_seen``
   (TRL counts prompt + completion tokens there).
-- ``harness hf`` / ``harness vllm``: ``harness.train.train`` with objective=grpo, advantage=grpo, minibatches=1,
+- ``harness hf`` / ``harness vllm``: ``harness.loop.train.train`` with objective=grpo, advantage=grpo, minibatches=1,
   rollout=hf or rollout=vllm, lr as TRL's. Step time = the step's response tokens / its ``perf/tokens_per_s``
   (the trainer times from the step's first line to just before logging, weight sync included). Tokens = prompt
   tokens (recorded by a thin wrapper around the engine's ``generate``) + response tokens.
@@ -139,9 +139,11 @@ def run_harness(
     path: str, engine: str, steps: int, warmup: int, threads: int, seed: int
 ) -> list[tuple[float, float, float, float]]:
     """(seconds, tokens, rollout seconds, train seconds) per timed step."""
-    import harness.train as train_module
+    import harness.loop.state as state_module
+    import harness.loop.step as step_module
     from harness.config import compose, validate
-    from harness.runlog import read_jsonl
+    from harness.loop.runlog import read_jsonl
+    from harness.loop.train import train
 
     prompt_tokens: list[float] = []  # per training generate call (n == GROUP); eval calls use n=1
 
@@ -163,7 +165,7 @@ def run_harness(
             graded, rewards=[dense_reward(c, ans) for c, ans in zip(completions, answers, strict=True)]
         )
 
-    real_engine, real_grade = train_module.engine_from_config, train_module.grade
+    real_engine, real_grade = state_module.engine_from_config, step_module.grade
     raw = compose(
         f"model.path={path}",
         f"rollout={engine}",
@@ -183,16 +185,16 @@ def run_harness(
         "trainer.tokens_per_eval=0",
         "benchmark.max_problems=4",
     )
-    train_module.engine_from_config = lambda *a, **kw: Recording(real_engine(*a, **kw))
-    train_module.grade = dense_grade
+    state_module.engine_from_config = lambda *a, **kw: Recording(real_engine(*a, **kw))
+    step_module.grade = dense_grade
     try:
         with tempfile.TemporaryDirectory(prefix=f"bench-harness-{engine}-") as out:
-            summary = train_module.train(validate(raw), Path(out) / "run", raw)
+            summary = train(validate(raw), Path(out) / "run", raw)
             if summary["status"] != "completed":
                 raise RuntimeError(f"harness run failed: {summary}")
             metrics = read_jsonl(Path(out) / "run" / "metrics.jsonl")
     finally:
-        train_module.engine_from_config, train_module.grade = real_engine, real_grade
+        state_module.engine_from_config, step_module.grade = real_engine, real_grade
     rows = []
     for m, prompt in zip(metrics, prompt_tokens, strict=True):
         response = m["rollout/response_len_mean"] * PROMPTS * GROUP

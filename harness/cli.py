@@ -118,12 +118,12 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     except ValueError as exc:
         raise SetupError(str(exc)) from exc
     if run_cfg.mode == "eval":
-        from harness.eval_only import print_eval_summary, run_eval
+        from harness.loop.eval_only import print_eval_summary, run_eval
 
         summary = run_eval(run_cfg, run_dir, raw)
         print_eval_summary(summary)
         return summary.get("final_score")
-    from harness.train import train
+    from harness.loop.train import train
 
     summary = train(run_cfg, run_dir, raw)
     if rank_from_env() == 0:  # under torchrun every process returns; rank 0 speaks for the run
@@ -136,23 +136,16 @@ def rank_from_env() -> int:
     return int(value) if value.isdigit() else 0
 
 
-STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
-
-
 def share_run_stamp() -> None:
     """Under torchrun every process composes the config; they must agree on the run directory, whose name has the
     start time in it. Rank 0's time goes to all of them (HARNESS_RUN_STAMP, read by the `run_stamp` resolver)."""
-    from harness import distributed
+    from harness.config import STAMP_FORMAT
+    from harness.loop import distributed
 
     if distributed.world_size_from_env() == 1 or "HARNESS_RUN_STAMP" in os.environ:
         return
-    d = distributed.setup()
-    os.environ["HARNESS_RUN_STAMP"] = distributed.broadcast(time.strftime(STAMP_FORMAT), d)
-
-
-def run_stamp(fmt: str = STAMP_FORMAT) -> str:
-    """The time in a run directory's name: now, or the one rank 0 of a torchrun run shared (`share_run_stamp`)."""
-    return os.environ.get("HARNESS_RUN_STAMP") or time.strftime(fmt)
+    pg = distributed.setup()
+    os.environ["HARNESS_RUN_STAMP"] = pg.broadcast(time.strftime(STAMP_FORMAT))
 
 
 def threads_from_env() -> int | None:
@@ -165,7 +158,8 @@ def record_failure(run_dir: Path, exc: BaseException) -> str:
     """Make `run_dir/summary.json` say failed, keeping what train()/run_eval() wrote there, with a one-line
     error and the full traceback (its cause included). Returns the one-line error."""
     from harness.config import SetupError
-    from harness.runlog import atomic_write_json, first_line
+    from harness.errors import first_line
+    from harness.loop.runlog import atomic_write_json
 
     message = first_line(exc)
     named = message == type(exc).__name__  # no message of its own

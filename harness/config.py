@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -445,6 +447,15 @@ def safe_dirname(overrides: str, job_num: int | str = 0, limit: int = 120) -> st
     return name
 
 
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+
+
+def run_stamp(fmt: str = STAMP_FORMAT) -> str:
+    """The time in a run directory's name: now, or the one rank 0 of a torchrun run shared
+    (`harness.cli.share_run_stamp`)."""
+    return os.environ.get("HARNESS_RUN_STAMP") or time.strftime(fmt)
+
+
 def register_schemas() -> None:
     """Put each schema's defaults into Hydra's ConfigStore so YAML options can extend them."""
     from hydra.core.config_store import ConfigStore
@@ -453,8 +464,6 @@ def register_schemas() -> None:
     if not OmegaConf.has_resolver("safe_dirname"):
         OmegaConf.register_new_resolver("safe_dirname", safe_dirname)
     if not OmegaConf.has_resolver("run_stamp"):
-        from harness.cli import run_stamp
-
         OmegaConf.register_new_resolver("run_stamp", run_stamp)
 
     cs = ConfigStore.instance()

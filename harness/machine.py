@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import RunConfig
-from harness.distributed import world_size_from_env
+from harness.loop.distributed import world_size_from_env
 
 # torchao's float8 training (fp8_e2e on GPU) and vLLM's fp8 weights run on Ada/Hopper and newer (sm_89+).
 FP8_MIN_CAPABILITY = (8, 9)

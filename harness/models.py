@@ -36,7 +36,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from harness.runlog import first_line
+from harness.errors import first_line
 from harness.tasks.arith import ArithConfig, Problem, balanced_sample, demonstration, make_splits
 from harness.tasks.templates import render
 

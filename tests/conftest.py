@@ -57,7 +57,7 @@ def one_thread():
 def small_model() -> list[str]:
     """Overrides selecting the small tiny model, built (or found in the cache) once per session."""
     from harness.config import validate
-    from harness.train import model_dir
+    from harness.loop.state import model_dir
 
     model_dir(validate(compose(*SMALL_MODEL)))
     return SMALL_MODEL

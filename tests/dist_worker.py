@@ -1,6 +1,6 @@
 """One mini-batch update, run by tests/test_distributed.py as one process or under `torchrun --nproc_per_node=2`.
 
-It goes through the pieces `harness.train` uses for a mini-batch: FSDP2 sharding (`distributed.shard`), each
+It goes through the pieces `harness.loop.step` uses for a mini-batch: FSDP2 sharding (`ProcessGroup.shard`), each
 rank's rows `rows[rank::world]`, the policy forward (`policy_logprobs`), the objective, `minibatch_loss` with the
 global mini-batch's denominator, backward of `loss * world`, and the gradient clip. Rank 0 writes the global loss,
 the gradient norm and every full gradient to `out` (torch.save).
@@ -15,11 +15,11 @@ import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from harness import distributed
 from harness.batch import build_batch, policy_logprobs
+from harness.loop import distributed
+from harness.loop.step import _denominator, _full, minibatch_loss
 from harness.objectives import get_objective
 from harness.rollout.base import Rollout
-from harness.train import _denominator, _full, minibatch_loss
 
 ROWS, PROMPT, T, VOCAB = 8, 5, 7, 96
 
@@ -45,13 +45,13 @@ def global_batch():
     return build_batch(ro, adv, pad_id=0, topk=1)
 
 
-def update(d: distributed.Dist, objective_name: str, agg: str) -> dict:
+def update(d: distributed.ProcessGroup, objective_name: str, agg: str) -> dict:
     torch.manual_seed(0)  # the same initial weights in every process
     config = Qwen3Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
     )  # fmt: skip
-    policy = distributed.shard(Qwen3ForCausalLM(config), d)
+    policy = d.shard(Qwen3ForCausalLM(config))
     objective = get_objective(objective_name)
     batch = global_batch()
     rows = torch.arange(ROWS)  # the mini-batch: every row of the batch
@@ -68,7 +68,7 @@ def update(d: distributed.Dist, objective_name: str, agg: str) -> dict:
     (loss * d.world).backward()
     grads = {name: _full(p.grad).detach().clone() for name, p in policy.named_parameters()}
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
-    global_loss = distributed.all_sum(float(loss.detach()), d)
+    global_loss = d.all_sum(float(loss.detach()))
     return {"loss": global_loss, "grad_norm": float(grad_norm), "grads": grads, "world": d.world}
 
 
@@ -79,7 +79,7 @@ def main(out: str, *cases: str) -> None:
     results = {case: update(d, *case.split(":")) for case in cases}
     if d.main:
         torch.save(results, out)
-    distributed.close(d)
+    d.close()
 
 
 if __name__ == "__main__":

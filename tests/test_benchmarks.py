@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from harness.config import validate
-from harness.evaluate import evaluate, majority, pass_at_k, pass_ks, vote_key
+from harness.loop.evaluate import evaluate, majority, pass_at_k, pass_ks, vote_key
 from harness.rewards import grade
 from harness.rollout.base import Rollout
 from harness.tasks import load_benchmark, load_training_set

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.checkpoint import load_latest, save_checkpoint
+from harness.loop.checkpoint import load_latest, save_checkpoint
 
 torch.set_num_threads(1)
 
@@ -116,7 +116,7 @@ def test_truncated_file_falls_back_to_the_previous_checkpoint(
     bad = tmp_path / "checkpoints" / "step_2" / victim
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
 
-    with caplog.at_level(logging.WARNING, logger="harness.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="harness.loop.checkpoint"):
         state = load_latest(tmp_path, model, opt)
     assert state is not None and state["step"] == 1 and state["extra"] == {"data_pos": 1}
     assert_same_tree(params(model), at_step_1)
@@ -173,7 +173,7 @@ def test_latest_pointer_wins_over_folder_order(tmp_path: Path, caplog: pytest.Lo
     (root / "latest").write_text("step_1\n")
     assert load_latest(tmp_path, model, opt)["step"] == 1
     (root / "latest").write_text("step_9\n")
-    with caplog.at_level(logging.WARNING, logger="harness.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="harness.loop.checkpoint"):
         assert load_latest(tmp_path, model, opt)["step"] == 2
     assert "names step_9, which does not exist" in caplog.text
 

@@ -11,9 +11,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.config import validate
-from harness.eval_only import resolve_model, run_eval
-from harness.runlog import read_jsonl
-from harness.train import model_dir, train
+from harness.loop.eval_only import resolve_model, run_eval
+from harness.loop.runlog import read_jsonl
+from harness.loop.state import model_dir
+from harness.loop.train import train
 from tests.conftest import FAST_TRAINER, compose
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.runlog import RunLog, WandbSettings, atomic_write_json, read_jsonl, resolve_wandb_mode
+from harness.loop.runlog import RunLog, WandbSettings, atomic_write_json, read_jsonl, resolve_wandb_mode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -229,10 +229,10 @@ def test_failing_wandb_log_warns_once_and_logging_continues(tmp_path: Path, capl
     run = RunLog(tmp_path, WandbSettings(mode="offline"), {}, resume=False)
     run.log(0, {"a": 0.0})
     run._wandb.finish()  # a W&B run that died under us: wandb.log now raises UsageError
-    with caplog.at_level(logging.WARNING, logger="harness.runlog"):
+    with caplog.at_level(logging.WARNING, logger="harness.loop.runlog"):
         for k in range(1, 4):
             run.log(k, {"a": float(k)})
-    ours = [r.getMessage()[:15] for r in caplog.records if r.name == "harness.runlog"]
+    ours = [r.getMessage()[:15] for r in caplog.records if r.name == "harness.loop.runlog"]
     assert ours == ["W&B log failed,"]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
     run.finish("completed", {})
@@ -249,7 +249,7 @@ def closed_port() -> int:
 ONLINE_SCRIPT = textwrap.dedent(
     """
     import json, logging, socket, sys, time
-    import harness.runlog as runlog
+    import harness.loop.runlog as runlog
     logging.basicConfig(level=logging.WARNING, format="WARN %(name)s %(message)s")
     run_dir, hang, timeout = sys.argv[1], sys.argv[2] == "hang", float(sys.argv[3])
     if hang:  # a server that accepts connections and never answers
@@ -286,7 +286,7 @@ def test_wandb_online_without_network_warns_once_and_logs_locally(tmp_path: Path
     # "dummy" is refused by wandb at once (keys have 40+ characters); a well-formed key gets as far as
     # connecting to the closed port and gives up after init_timeout_s.
     elapsed, total, stderr = run_online(tmp_path, key, hang=False, timeout_s=5.0)
-    warnings = [line for line in stderr.splitlines() if line.startswith("WARN harness.runlog")]
+    warnings = [line for line in stderr.splitlines() if line.startswith("WARN harness.loop.runlog")]
     assert len(warnings) == 1 and "W&B (online) unavailable" in warnings[0], stderr[-2000:]
     assert elapsed < 30 and total < 30
 

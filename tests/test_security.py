@@ -47,7 +47,7 @@ def test_the_code_never_instantiates_or_evaluates_config_values():
 
 
 def test_the_wandb_key_never_reaches_the_run_directory(tmp_path, small_model, monkeypatch):
-    from harness.train import train
+    from harness.loop.train import train
 
     secret = "local-0123456789abcdef0123456789abcdef01234567"
     monkeypatch.setenv("WANDB_API_KEY", secret)

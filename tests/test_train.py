@@ -7,9 +7,9 @@ import json
 import pytest
 
 from harness.config import validate
+from harness.loop.runlog import read_jsonl
+from harness.loop.train import train
 from harness.objectives import OBJECTIVE_NAMES
-from harness.runlog import read_jsonl
-from harness.train import train
 from tests.conftest import FAST_TRAINER, compose
 
 
@@ -68,7 +68,7 @@ def check_token_samples(run_dir, objective: str, trained_steps: set[int]) -> Non
 
 @pytest.fixture(scope="module")
 def small_path(small_model) -> str:
-    from harness.train import model_dir
+    from harness.loop.state import model_dir
 
     return str(model_dir(validate(compose(*small_model))))
 
@@ -207,7 +207,7 @@ def test_a_non_finite_update_is_skipped_and_the_run_goes_on(tmp_path, small_mode
 def test_consecutive_non_finite_updates_stop_the_run_with_the_last_good_weights(tmp_path, small_model):
     from safetensors.torch import load_file
 
-    from harness.train import NonFiniteError
+    from harness.loop.step import NonFiniteError
 
     common = [*small_model, *FAST_TRAINER, "rollout=hf", "objective=grpo", "trainer.checkpoint_every=1"]
     with pytest.raises(NonFiniteError, match="max_bad_steps=3"):

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from harness.errors import first_line
 from harness.rewards import gradable, last_boxed
-from harness.runlog import first_line
 from harness.tasks.arith import Problem
 
 FILE_TYPES = (".jsonl", ".parquet")

@@ -30,12 +30,12 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 
 from harness.config import ModelConfig, RunConfig, validate
-from harness.evaluate import evaluate
+from harness.loop.evaluate import evaluate
+from harness.loop.runlog import RunLog
+from harness.loop.state import model_dir, wandb_settings
 from harness.rollout import engine_from_config
 from harness.rollout.base import load_tokenizer
-from harness.runlog import RunLog
 from harness.tasks import load_benchmark, render_prompts
-from harness.train import model_dir, wandb_settings
 
 _STEP_DIR = re.compile(r"step_(\d+)")
 
@@ -103,7 +103,7 @@ def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
 
 
 def _latest_checkpoint(run: Path) -> Path:
-    """checkpoints/<name in `latest`>, else the highest step_<k> (harness.checkpoint's layout)."""
+    """checkpoints/<name in `latest`>, else the highest step_<k> (harness.loop.checkpoint's layout)."""
     root = run / "checkpoints"
     pointer = root / "latest"
     if pointer.is_file() and (root / pointer.read_text().strip()).is_dir():

@@ -17,7 +17,7 @@ import torch
 
 from harness.batch import TrainBatch
 from harness.logprobs import LogProbOutput
-from harness.runlog import atomic_write_bytes
+from harness.loop.runlog import atomic_write_bytes
 
 COLUMNS = ("step", "row", "pos", "token_id", "mu", "pi", "pi_old", "adv", "entropy", "kept", "weight")
 

@@ -29,7 +29,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file, save_model
 
-from harness.runlog import atomic_write_text, first_line, fsync_path
+from harness.errors import first_line
+from harness.loop.runlog import atomic_write_text, fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def save_checkpoint(
     checkpoints already on disk are untouched.
 
     `model_state` / `optim_state`, when given, are written instead of the modules' own state: a multi-process run
-    passes the full (unsharded) tensors its rank 0 gathered (harness.distributed).
+    passes the full (unsharded) tensors its rank 0 gathered (harness.loop.distributed).
     """
     if keep < 1:
         raise ValueError(f"checkpoint keep={keep} is not allowed; keep at least 1")
@@ -148,7 +149,7 @@ def load_latest(
             if restore is None:
                 model.load_state_dict(tensors, strict=True)
                 optimizer.load_state_dict(opt_state)
-            else:  # a sharded model: the caller scatters the full tensors (harness.distributed.load_full_state)
+            else:  # a sharded model: the caller scatters the full tensors (harness.loop.distributed.load_full_state)
                 restore(tensors, opt_state)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {first_line(e)}") from e

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.errors import first_line
+
 logger = logging.getLogger(__name__)
 
 JSONL_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
@@ -438,12 +440,6 @@ def _quiet_finish(run: Any, exit_code: int, warn: bool) -> None:
 def _cell(value: Any) -> Any:
     # W&B tables want scalars; nested values are shown as their JSON text.
     return json.dumps(_finite(value)) if isinstance(value, dict | list) else value
-
-
-def first_line(e: BaseException) -> str:
-    """An exception as one line: the first line of its message, or its type's name if it has none."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _now() -> str:

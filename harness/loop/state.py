@@ -1,0 +1,260 @@
+"""What a training run carries from step to step, built in one place, and the services that act on it: weight
+sync into the engine, checkpoints, resume, evaluation.
+
+`build_run` is the setup phase of DESIGN.md's data flow: model, engine, data, objective, optimizer. Everything
+that depends on the rank goes through `Run.pg` (harness.loop.distributed), whose one-process implementation is
+the identity: rank 0 holds the engine, the run log and the token sampler; the other ranks hold null ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from harness import precision as precisions
+from harness.config import RunConfig, SetupError
+from harness.errors import first_line
+from harness.loop.checkpoint import load_latest, save_checkpoint
+from harness.loop.distributed import ProcessGroup
+from harness.loop.evaluate import evaluate
+from harness.loop.runlog import NullLog, RunLog, WandbSettings, read_jsonl
+from harness.loop.tokens import TokenSamples
+from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy
+from harness.objectives import get_objective
+from harness.objectives.registry import Objective
+from harness.rollout import engine_from_config
+from harness.rollout.base import RolloutEngine
+from harness.tasks import arith_config, load_problems, render_prompts
+from harness.tasks.arith import Problem
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Run:
+    """One training run's state. Steps count from 1: metrics row k, the evaluation at k and checkpoint k all
+    describe the weights after k updates; step 0 is the evaluation before training."""
+
+    cfg: RunConfig
+    run_dir: Path
+    pg: ProcessGroup
+    log: RunLog | NullLog
+    policy: torch.nn.Module
+    tokenizer: Any
+    objective: Objective
+    optimizer: torch.optim.Optimizer
+    prec: precisions.Precision
+    train_set: list[Problem]
+    eval_set: list[Problem]
+    eval_prompts: list[str]
+    engine: RolloutEngine | None = None  # rank 0's; the others receive its rollouts
+    tokens: TokenSamples | None = None  # rank 0's per-token sample (tokens.parquet)
+    done_steps: int = 0
+    skipped: int = 0  # updates skipped for a non-finite loss/gradient, in total
+    bad_streak: int = 0  # ... in a row
+    failed_saves: list[int] = field(default_factory=list)  # steps whose checkpoint could not be written
+    best: float | None = None  # best evaluation score so far
+    last_eval: dict[str, float] | None = None
+
+    @property
+    def score_key(self) -> str:
+        return f"avg@{self.cfg.eval.n}"
+
+    @property
+    def horizon(self) -> int:
+        return self.cfg.trainer.horizon or self.cfg.trainer.max_new_tokens
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def open_log(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any], pg: ProcessGroup) -> RunLog | NullLog:
+    """Rank 0 writes the run directory (and W&B); the other ranks log nowhere."""
+    if not pg.main:
+        return NullLog()
+    return RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=cfg.trainer.resume)
+
+
+def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | NullLog) -> Run:
+    """Setup: model, data, objective, optimizer, and last the engine (nothing after it can fail before the caller
+    owns the Run that closes it). A missing model or data file, or an unusable option, is one line
+    (SetupError), not a traceback."""
+    torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+    try:
+        prec = precisions.get(cfg.precision.name)
+        model_path = model_dir(cfg)
+        # Sharded runs load on the CPU: fully_shard moves each rank's shard to its GPU, so no GPU ever holds
+        # the whole model.
+        policy, tokenizer = load_policy(
+            model_path, dtype=DTYPES[cfg.model.dtype], device="cpu" if pg.active else cfg.device
+        )
+        policy = _prepare_policy(policy, cfg, prec, pg)
+        objective = get_objective(cfg.objective.name, **_objective_values(cfg))
+        train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
+        eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
+        t = cfg.trainer
+        optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
+        )
+        run = Run(
+            cfg, run_dir, pg, log, policy, tokenizer, objective, optimizer, prec, train_set, eval_set, eval_prompts
+        )
+        if pg.main:  # one engine per run: rank 0 samples the whole step's batch and shares it
+            run.engine = engine_from_config(
+                cfg.rollout, str(model_path), cfg.precision.name, cfg.seed, cfg.model.max_model_len, cfg.device
+            )
+    except (ValueError, OSError, ImportError) as exc:
+        raise SetupError(first_line(exc)) from exc
+    return run
+
+
+def _objective_values(cfg: RunConfig) -> dict[str, Any]:
+    values = asdict(cfg.objective)
+    values.pop("name")
+    return values
+
+
+def _prepare_policy(
+    policy: torch.nn.Module, cfg: RunConfig, prec: precisions.Precision, pg: ProcessGroup
+) -> torch.nn.Module:
+    """Gradient checkpointing, FP8 training linears, then FSDP2 sharding (a no-op with one process)."""
+    if cfg.model.gradient_checkpointing:  # transformers checkpoints only in training mode
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.train()
+    if prec.train_fp8 and cfg.device == "cuda":
+        precisions.convert_float8_training(policy)  # torchao's fp8 linears, before FSDP2 shards them
+    elif prec.train_fp8 and not precisions.wrap_fp8_linears(policy):  # a hub model the check could not read
+        raise ValueError(
+            "precision.name: fp8_e2e found no nn.Linear layer to quantize in this model; "
+            "allowed with it: fp32, bf16, fp8_rollout"
+        )
+    gpu_bf16 = prec.train_autocast if cfg.device == "cuda" else None
+    return pg.shard(policy, param_dtype=gpu_bf16)
+
+
+def sync_weights(run: Run) -> None:
+    """The engine's copy follows the trainer (through the precision's transform). A collective under FSDP2:
+    every rank takes part, rank 0 pushes."""
+    state = run.pg.full_state_dict(run.policy)
+    if run.engine is not None:
+        run.engine.sync_weights(state)
+
+
+def resume(run: Run) -> None:
+    """Continue from the newest checkpoint when `trainer.resume` is set (weights, optimizer, RNG streams, counters),
+    cutting the logs back to it; then open the token sampler and read the best score evaluated so far."""
+    if run.cfg.trainer.resume:
+        state = load_latest(run.run_dir, run.policy, run.optimizer, run.pg.restore(run.policy, run.optimizer))
+        run.done_steps = int(state["step"]) if state else 0
+        run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
+        run.log.truncate_after(run.done_steps if state else -1)
+        sync_weights(run)
+    run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None
+    run.best = eval_scores(run.run_dir, run.score_key)[1]
+
+
+def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
+    """checkpoints/step_<step>: full (unsharded) tensors, written by rank 0 while the others wait."""
+    extra = {"skipped_steps": run.skipped}
+    weights = run.pg.full_state_dict(run.policy) if run.pg.active else None  # collectives: every rank takes part
+    optim_state = run.pg.full_optimizer_state(run.policy, run.optimizer)
+    try:
+        if run.pg.main:
+            save_checkpoint(
+                run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights,
+                optim_state=optim_state,
+            )  # fmt: skip
+    finally:
+        run.pg.barrier()
+
+
+def checkpoint_or_warn(run: Run, step: int) -> None:
+    """A scheduled checkpoint. A failed write (disk full, quota) leaves the older checkpoints intact: training goes
+    on and the summary lists the step."""
+    try:
+        checkpoint(run, step, pause_s=run.cfg.trainer.checkpoint_pause_s)
+    except OSError as exc:
+        run.failed_saves.append(step)
+        tqdm.write(f"warning: {exc}; training continues, the previous checkpoint is intact", sys.stderr)
+
+
+def run_eval(run: Run, step: int) -> dict[str, float]:
+    """Evaluate on the benchmark (rank 0, logged there); every rank gets the record. Updates `best`/`last_eval`."""
+    cfg = run.cfg
+
+    def on_main() -> dict[str, float]:
+        record, samples = evaluate(
+            run.engine,
+            run.eval_prompts,
+            run.eval_set,
+            seed=cfg.seed * 1_000_003 + step,
+            n=cfg.eval.n,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            samples_to_keep=cfg.trainer.samples_per_eval,
+            grading=cfg.reward.grade_kwargs(),
+            truncate_prompts=cfg.eval.cut_prompts(tiny_model=cfg.model.path is None),
+        )
+        run.log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
+        run.log.log_samples(step, samples)
+        return record
+
+    record = run.pg.from_main(on_main)
+    score = record[run.score_key]
+    run.best = score if run.best is None else max(run.best, score)
+    run.last_eval = record
+    return record
+
+
+def eval_scores(run_dir: Path, key: str) -> tuple[float | None, float | None]:
+    """(first, best) score in eval.jsonl so far: what a resumed run already measured."""
+    path = run_dir / "eval.jsonl"
+    scores = [r[key] for r in read_jsonl(path) if r.get(key) is not None] if path.exists() else []
+    return (scores[0], max(scores)) if scores else (None, None)
+
+
+def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
+    if cfg.logger.name == "none":
+        return None
+    return WandbSettings(
+        enabled=True,
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        mode=cfg.logger.mode,
+        group=cfg.name,
+        name=cfg.objective.name,
+        job_type=cfg.objective.name,
+        tags=[cfg.model.name, cfg.precision.name],
+        init_timeout_s=cfg.logger.init_timeout_s,
+    )
+
+
+def model_dir(cfg: RunConfig) -> Path | str:
+    """The checkpoint to train: `model.path` as given, or the tiny model built (once, cached) from its config."""
+    m = cfg.model
+    if m.path is not None:
+        return m.path
+    tiny = TinyModelConfig(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_model_len,
+        sft_steps=m.sft_steps,
+        sft_lr=m.sft_lr,
+        sft_batch=m.sft_batch,
+        seed=m.init_seed,
+        corpus_size=m.corpus_size,
+    )
+    cache = Path(m.cache_dir).expanduser() if m.cache_dir else default_cache_dir()
+    return build_tiny(tiny, arith_config(cfg.data), cache)

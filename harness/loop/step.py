@@ -1,0 +1,301 @@
+"""One RL step, its phases top to bottom in DESIGN.md's order:
+
+rollout (the engine's weights give mu) -> reward (math-verify) and group advantages -> old_logp recompute (only
+for a trust region anchored on pi_old) -> the mini-batch updates (objective -> aggregate -> AdamW) -> weight sync
+-> the step's metrics row.
+
+Under torchrun every rank runs the same code on the whole step's batch (rank 0 rolls it out) and trains on every
+world-th row of each mini-batch; `Run.pg` makes that the identity with one process.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from harness.advantages import compute_advantages
+from harness.batch import TrainBatch, build_batch, policy_logprobs
+from harness.loop.state import Run, checkpoint, sync_weights
+from harness.loop.tokens import token_rows
+from harness.objectives import aggregate
+from harness.rewards import grade
+from harness.rollout.base import Rollout
+from harness.tasks import render_prompts
+from harness.tasks.arith import Problem, balanced_sample
+
+BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates had a NaN/inf loss or gradient; the last good weights are checkpointed."""
+
+
+def rl_step(run: Run, step: int) -> dict[str, float]:
+    """Roll out, score, update, sync; log the step's metrics row and return it."""
+    t0 = time.time()
+    problems, ro = rollout(run, step)
+    t_rollout = time.time() - t0
+
+    rewards, adv, reward_metrics = score(run, problems, ro)
+    batch = build_batch(ro, adv, run.tokenizer.pad_token_id, run.objective.topk)
+
+    t1 = time.time()
+    old_logp = recompute_old_logp(run, batch)
+    update_metrics, updates = update_minibatches(run, step, batch, old_logp)
+    if run.cfg.rollout.sync == "rollout":
+        sync_weights(run)
+    t_train = time.time() - t1
+
+    n_tokens = float(ro.mask.sum())
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()),
+        **reward_metrics,
+        "rollout/response_len_mean": n_tokens / len(ro.texts),
+        "rollout/truncated_frac": float((~ro.finished).float().mean()),
+        **update_metrics,
+        "optim/lr": run.cfg.trainer.lr,
+        "optim/updates": float(updates),
+        "optim/skipped_steps": float(run.skipped),
+        "perf/rollout_s": t_rollout,
+        "perf/train_s": t_train,
+        "perf/tokens_per_s": n_tokens / max(time.time() - t0, 1e-9),
+        "samples": float(step * len(ro.texts)),
+    }
+    run.log.log(step, metrics)
+    return metrics
+
+
+def rollout(run: Run, step: int) -> tuple[list[Problem], Rollout]:
+    """The step's prompts (they depend only on (seed, step)), sampled by rank 0's engine; every rank gets them."""
+    cfg, t = run.cfg, run.cfg.trainer
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    problems = balanced_sample(run.train_set, t.prompts_per_step, rng)  # kinds in equal shares
+    prompts = render_prompts(run.tokenizer, problems, cfg.data.template)
+
+    def generate() -> Rollout:
+        assert run.engine is not None  # rank 0 holds the engine
+        return run.engine.generate(
+            prompts,
+            n=t.group_size,
+            max_new_tokens=t.max_new_tokens,
+            topk=run.objective.topk,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.seed * 1_000_003 + step,
+        )
+
+    return problems, run.pg.from_main(generate)
+
+
+def score(run: Run, problems: list[Problem], ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Rewards (math-verify against each problem's answer) and group advantages."""
+    answers = [problems[int(g)].answer for g in ro.group]
+    graded = grade(ro.texts, answers, ro.finished.tolist(), **run.cfg.reward.grade_kwargs())
+    rewards = torch.tensor(graded.rewards)
+    adv, adv_metrics = compute_advantages(rewards, ro.group, run.cfg.trainer.advantage)
+    return rewards, adv, {**adv_metrics, **graded.metrics}
+
+
+def recompute_old_logp(run: Run, batch: TrainBatch) -> torch.Tensor | None:
+    """pi_old over the whole batch before any update: only when the objective's trust region is anchored on it."""
+    if not run.objective.needs_old:
+        return None
+    with torch.no_grad():
+        lp = policy_logprobs(run.policy, batch, run.cfg.rollout.temperature, autocast_dtype=run.prec.train_autocast)
+    return lp.logp
+
+
+@dataclass
+class MiniBatch:
+    """This rank's rows of one mini-batch, and what the update needs to know about the whole mini-batch."""
+
+    batch: TrainBatch
+    old_logp: torch.Tensor | None
+    full_denominator: float  # what the whole mini-batch's loss is normalised by (every row, every rank)
+    has_signal: bool  # this rank's rows carry a non-zero advantage
+    any_signal: bool  # some rank's do
+
+
+def update_minibatches(
+    run: Run, step: int, batch: TrainBatch, old_logp: torch.Tensor | None
+) -> tuple[dict[str, float], int]:
+    """The off-policy updates the trust region has to bound: one AdamW step per mini-batch. Returns the mean of the
+    mini-batches' metrics and the number of updates applied.
+
+    Rows whose advantage is 0 everywhere carry no gradient for any objective: they are skipped, and the loss stays
+    normalised by the full mini-batch, as if they had been there. The mismatch is read off the step's first
+    forward (before any update); if no row had a signal, one gradient-free forward over the first mini-batch
+    measures it instead."""
+    cfg, t, pg = run.cfg, run.cfg.trainer, run.pg
+    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(cfg.seed + step))
+    sample_tokens = run.tokens is not None and t.tokens_per_eval > 0
+    sample_tokens = sample_tokens and (step % t.eval_every == 0 or step == t.total_steps)
+    rows_metrics: list[dict[str, float]] = []
+    updates = 0
+    for rows in order.chunk(t.minibatches):
+        full_denominator = _denominator(batch.mask[rows], cfg.objective.agg)
+        rows = rows[pg.rank :: pg.world]  # the mini-batches are the same on every rank, their rows are split
+        active = (batch.advantages[rows] != 0).any(1)
+        has_signal = bool(active.any())
+        # FSDP2's forward and backward are collectives: a rank without signal still runs them (with a zero loss)
+        # as long as some rank has signal.
+        any_signal = pg.any(has_signal)
+        measuring = not rows_metrics  # nothing measured yet this step
+        if not any_signal and not measuring:
+            continue
+        if has_signal:
+            rows = rows[active]
+        mb = batch.select(rows)
+        mb_old = None if old_logp is None else old_logp[rows][:, : mb.mask.shape[1]]
+        m, applied, sampled = update(
+            run, step, MiniBatch(mb, mb_old, full_denominator, has_signal, any_signal), measuring, sample_tokens
+        )
+        stop_if_diverged(run, step, rows_metrics)
+        updates += applied
+        sample_tokens = sample_tokens and not sampled
+        rows_metrics.append(pg.mean_metrics(m))
+    return _mean_of(rows_metrics), updates
+
+
+def update(
+    run: Run, step: int, mb: MiniBatch, measuring: bool, sample_tokens: bool
+) -> tuple[dict[str, float], bool, bool]:
+    """One mini-batch: forward, objective, backward, AdamW step (skipped if the loss or gradient is not finite).
+    Returns (metrics, whether the update was applied, whether tokens were sampled)."""
+    cfg, t, b = run.cfg, run.cfg.trainer, mb.batch
+    with torch.set_grad_enabled(mb.any_signal):
+        lp = policy_logprobs(
+            run.policy,
+            b,
+            cfg.rollout.temperature,
+            with_topk=run.objective.topk > 1,
+            autocast_dtype=run.prec.train_autocast,
+        )
+    m = {"rollout/entropy": _masked_mean(lp.entropy, b.mask)}
+    if measuring:  # before the step's first update: the pure training-inference mismatch
+        m.update(_mismatch(lp.logp.detach(), b))
+    if not mb.any_signal:
+        return m, False, False
+    out = run.objective(
+        logp=lp.logp,
+        behavior_logp=b.behavior_logp,
+        advantages=b.advantages,
+        mask=b.mask,
+        old_logp=mb.old_logp,
+        topk_logp=lp.topk_logp,
+        topk_behavior_logp=b.topk_behavior_logp,
+    )
+    sampled = sample_tokens and mb.has_signal
+    if sampled:  # an eval step's first update with signal: pi is mu
+        gen = torch.Generator().manual_seed(cfg.seed + step)
+        assert run.tokens is not None
+        run.tokens.add(token_rows(step, out.loss_mat, lp, b, mb.old_logp, t.tokens_per_eval, gen))
+    loss = minibatch_loss(out.loss_mat, b, cfg.objective.agg, run.horizon, mb.full_denominator, mb.has_signal)
+    if step in t.nan_at_steps:
+        loss = loss * math.nan
+    applied, loss, grad_norm = apply_update(run, loss)
+    if mb.has_signal:
+        m.update({key: float(v) for key, v in out.metrics.items()})
+        m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), b)
+    m.update({"optim/loss": float(loss), "optim/grad_norm": float(grad_norm)})
+    return m, applied, sampled
+
+
+def apply_update(run: Run, loss: torch.Tensor) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """Backward, clip, and the AdamW step if loss and gradient are finite; otherwise nothing is applied and the
+    skip is counted. Returns (applied, the global loss, the gradient norm)."""
+    pg = run.pg
+    run.optimizer.zero_grad(set_to_none=True)
+    # FSDP2 averages gradients over ranks; each rank's loss is its share of the global sum.
+    (loss * pg.world).backward()
+    grad_norm = _full(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), run.cfg.trainer.grad_clip))
+    loss = torch.tensor(pg.all_sum(float(loss.detach())))
+    if torch.isfinite(loss) and torch.isfinite(grad_norm):
+        run.optimizer.step()
+        run.bad_streak = 0
+        if run.cfg.rollout.sync == "step":
+            sync_weights(run)
+        return True, loss, grad_norm
+    run.optimizer.zero_grad(set_to_none=True)  # weights and optimizer state stay as they were
+    run.skipped += 1
+    run.bad_streak += 1
+    return False, loss, grad_norm
+
+
+def stop_if_diverged(run: Run, step: int, rows_metrics: list[dict[str, float]]) -> None:
+    """`trainer.max_bad_steps` skipped updates in a row end the run. The weights are the last good ones (nothing
+    bad was applied): keep them, and the step's metrics so far, so a resume or a post-mortem starts from what is
+    known to be sane."""
+    limit = run.cfg.trainer.max_bad_steps
+    if run.bad_streak < limit:
+        return
+    run.log.log(step, {"optim/skipped_steps": float(run.skipped), **_mean_of(rows_metrics)})
+    checkpoint(run, step)
+    raise NonFiniteError(
+        f"{run.bad_streak} consecutive updates had a non-finite loss or gradient (step {step}); "
+        f"the last good weights are in checkpoints/step_{step} (trainer.max_bad_steps={limit})"
+    )
+
+
+def minibatch_loss(
+    loss_mat: torch.Tensor, mb: TrainBatch, agg: str, horizon: int, full_denominator: float, has_signal: bool = True
+) -> torch.Tensor:
+    """This process's part of a mini-batch's loss: `aggregate` over its rows, rescaled so that it is normalised
+    by the whole mini-batch (`full_denominator`: every row, every rank, the skipped zero-advantage rows too).
+    Summed over ranks it is the single-process loss. A rank whose rows carry no signal contributes 0 (its
+    forward and backward still run: they are FSDP2 collectives)."""
+    if not has_signal:
+        return loss_mat.sum() * 0.0
+    scale = _denominator(mb.mask, agg) / full_denominator
+    return aggregate(loss_mat, mb.mask, agg, horizon) * scale
+
+
+def _full(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (FSDP2's gradient norm), a plain tensor as it is."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
+def _denominator(mask: torch.Tensor, mode: str) -> float:
+    """What `aggregate` divides by, so a subset of rows can be normalised as the whole mini-batch."""
+    if mode == "token-mean":
+        return float(mask.sum().clamp(min=1))
+    if mode == "token-sum":
+        return 1.0
+    return float(((mask > 0).sum(1) > 0).sum().clamp(min=1))
+
+
+def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
+    if x is None:
+        return math.nan
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:
+    """Rollout engine (mu) vs trainer (pi, same weights before any update): the training-inference mismatch."""
+    m = mb.mask > 0
+    if not bool(m.any()):
+        return {}
+    log_r = (logp - mb.behavior_logp)[m]
+    p, q = logp.exp()[m], mb.behavior_logp.exp()[m]
+    return {
+        "mismatch/abs_prob_diff_mean": float((p - q).abs().mean()),
+        "mismatch/abs_prob_diff_max": float((p - q).abs().max()),
+        "mismatch/k1": float((-log_r).mean()),
+        "mismatch/k3": float((torch.expm1(log_r) - log_r).mean()),
+    }
+
+
+def _bad_update_frac(logp: torch.Tensor, mb: TrainBatch) -> float:
+    """Tokens pushed down (A < 0) although pi already sits far below mu: P-DPPO's "bad updates" (Fig. 5)."""
+    m = mb.mask > 0
+    gap = mb.behavior_logp.exp() - logp.exp()
+    return float(((mb.advantages < 0) & (gap > BAD_UPDATE_GAP) & m).sum() / m.sum().clamp(min=1))
+
+
+def _mean_of(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for r in rows for k in r}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}

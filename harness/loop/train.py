@@ -1,0 +1,98 @@
+"""The RL training loop: setup, resume, the steps, the summary. Each phase is a named function; one step's phases
+read top to bottom in harness/loop/step.py, the state they share is `harness.loop.state.Run`.
+
+Under torchrun (harness/loop/distributed.py) the same function runs in every process: rank 0 holds the rollout
+engine and the run directory, every rank holds the whole step's batch and trains on its share of each
+mini-batch's rows with the policy sharded by FSDP2. With one process the collectives are identities.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from harness.config import RunConfig
+from harness.loop import distributed
+from harness.loop.runlog import read_jsonl
+from harness.loop.state import Run, build_run, checkpoint_or_warn, eval_scores, open_log, resume, run_eval, sync_weights
+from harness.loop.step import rl_step
+
+
+def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
+    """Train per `cfg`, writing everything into `run_dir`. Returns the summary written to summary.json."""
+    t_start = time.time()
+    pg = distributed.setup()
+    log = open_log(cfg, run_dir, raw_config, pg)
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "objective": cfg.objective.name}
+    run: Run | None = None
+    try:
+        run = build_run(cfg, run_dir, pg, log)
+        sync_weights(run)
+        resume(run)
+        if run.done_steps == 0:
+            summary["initial_score"] = run_eval(run, 0)[run.score_key]
+        t = cfg.trainer
+        bar = progress(run)
+        for step in bar:
+            metrics = rl_step(run, step)
+            last = run.last_eval
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-")
+            done = step == t.total_steps
+            if step % t.eval_every == 0 or done:
+                run_eval(run, step)
+            if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
+                checkpoint_or_warn(run, step)
+        summary.update(final_summary(run, summary))
+    except BaseException as exc:  # KeyboardInterrupt too: the run directory must say it did not finish
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        log.finish("failed", summary, error=traceback.format_exc())
+        raise
+    finally:
+        if run is not None:
+            run.close()
+    summary["wall_time_s"] = time.time() - t_start
+    log.finish("completed", summary)
+    return summary
+
+
+def progress(run: Run) -> tqdm:
+    """The remaining steps, as a progress bar on rank 0."""
+    t = run.cfg.trainer
+    return tqdm(
+        range(run.done_steps + 1, t.total_steps + 1),
+        initial=run.done_steps,
+        total=t.total_steps,
+        desc=run.cfg.objective.name,
+        dynamic_ncols=True,
+        disable=None if run.pg.main else True,
+    )
+
+
+def final_summary(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
+    """Scores for summary.json: the final evaluation (read back if a resumed run had finished its steps), the best,
+    and the gain over the step-0 evaluation."""
+    if run.last_eval is None:  # resumed after the last step: its evaluation is on disk already
+        path = run.run_dir / "eval.jsonl"
+        previous = read_jsonl(path) if path.exists() else []
+        last = run.pg.broadcast(previous[-1] if previous else None)
+        run.last_eval = last or run_eval(run, run.cfg.trainer.total_steps)
+    out: dict[str, Any] = dict(
+        status="completed",
+        final_score=run.last_eval[run.score_key],
+        best_score=run.best,
+        score_key=run.score_key,
+        benchmark=run.cfg.benchmark.name,
+        steps=run.cfg.trainer.total_steps,
+    )
+    if run.failed_saves:
+        out["checkpoint_failed_steps"] = run.failed_saves
+    initial = summary.get("initial_score")
+    if initial is None:  # resumed: the step-0 evaluation is in eval.jsonl already
+        initial = out["initial_score"] = eval_scores(run.run_dir, run.score_key)[0]
+    if initial is not None:
+        out["gain"] = out["final_score"] - initial
+    return out
