@@ -221,9 +221,8 @@ def apply_lora(model: nn.Module, model_cfg: Any, seed: int = 0) -> nn.Module:
 
 
 def is_lora(model: nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(m, LoraLayer) for m in model.modules())
+    """Whether `model` carries LoRA adapters (read off its parameter names: no peft import for other runs)."""
+    return any(_ADAPTER_KEY.search(name) for name, _ in model.named_parameters())
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -235,15 +234,15 @@ def engine_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor] | None
     """The weights the rollout engine loads: `state` (default `model.state_dict()`) with every LoRA adapter merged
     into its base weight, W + (alpha / r) B A, under the base model's parameter names. Without LoRA, `state` as is.
 
-    `state` may be a gathered full state dict of a sharded model (harness.distributed.full_state_dict): the
+    `state` may be a gathered full state dict of a sharded model (harness.loop.distributed): the
     modules are read only for their LoRA settings, the tensors all come from `state`. The trainer's own weights
     are never modified."""
+    state = model.state_dict() if state is None else state
+    if not is_lora(model):
+        return dict(state)
     from peft.tuners.lora import LoraLayer, ParamWrapper
 
-    state = model.state_dict() if state is None else state
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
-    if not layers:
-        return dict(state)
     merged = {_base_name(k): v for k, v in state.items() if not _ADAPTER_KEY.search(k)}
     with torch.no_grad():
         for name, layer in layers:
@@ -289,6 +288,11 @@ def adapter_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
 
 def load_adapter_state(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     """Load a checkpoint's adapter tensors into `model`: exactly its adapter keys, or a ValueError."""
+    _check_adapter_keys(model, tensors)
+    model.load_state_dict(dict(tensors), strict=False)
+
+
+def _check_adapter_keys(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     own = set(adapter_state_dict(model.state_dict()))
     missing, unexpected = sorted(own - set(tensors)), sorted(set(tensors) - own)
     if missing or unexpected:
@@ -297,15 +301,30 @@ def load_adapter_state(model: nn.Module, tensors: Mapping[str, torch.Tensor]) ->
             f"LoRA checkpoint does not fit this model ({what}; {len(missing)} missing, {len(unexpected)} unexpected): "
             "same model.lora_rank and model.lora_targets as the run that wrote it?"
         )
-    model.load_state_dict(dict(tensors), strict=False)
 
 
-def restore_adapter(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[dict, Any], None]:
-    """`restore` for harness.checkpoint.load_latest: adapters into the model, then the optimizer's state."""
+def restore_adapter(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool = False
+) -> Callable[[dict, Any], None]:
+    """`restore` for harness.loop.checkpoint.load_latest: a checkpoint's adapters into the model (exactly its adapter
+    keys, else ValueError), then the optimizer's state. `sharded`: an FSDP2 model (every rank reads the full
+    tensors and keeps its shard); not exercised by the tests, which run one process."""
 
     def restore(tensors: dict[str, torch.Tensor], optim_state: Any) -> None:
-        load_adapter_state(model, tensors)
-        optimizer.load_state_dict(optim_state)
+        if not sharded:
+            load_adapter_state(model, tensors)
+            optimizer.load_state_dict(optim_state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        _check_adapter_keys(model, tensors)
+        options = StateDictOptions(full_state_dict=True, strict=False)  # the base is not in the checkpoint
+        set_model_state_dict(model, dict(tensors), options=options)
+        set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
 
     return restore
 

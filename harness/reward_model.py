@@ -163,7 +163,7 @@ class RewardModel:
         check_reward_model_path(path, key)
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-        from harness.runlog import first_line
+        from harness.errors import first_line
 
         try:
             config = AutoConfig.from_pretrained(path)
@@ -173,6 +173,19 @@ class RewardModel:
         except OSError as e:
             raise ValueError(f"{key}: reward model {path!r} could not be loaded: {first_line(e)}") from None
         return cls(model.to(device), tokenizer, batch_size=batch_size, max_length=max_length)
+
+    @classmethod
+    def from_config(cls, reward: Any, policy_tokenizer: Any, device: str = "cpu") -> RewardModel:
+        """The reward model of a `reward` config group (harness.config.RewardConfig)."""
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[reward.dtype]
+        return cls.load(
+            reward.model_path,
+            policy_tokenizer=policy_tokenizer,
+            dtype=dtype,
+            device=device,
+            batch_size=reward.batch_size,
+            max_length=reward.max_length,
+        )
 
     # --- formatting ---
     def encode(self, conversation: Sequence[dict[str, str]]) -> list[int]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.checkpoint import load_latest, save_checkpoint
+from harness.loop.checkpoint import load_latest, save_checkpoint
 from harness.lora import (
     adapter_state_dict,
     apply_lora,
@@ -132,3 +132,86 @@ def test_config_time_targets_match_the_built_model(kind):
         "model.layers.0.self_attn.o_proj",
         "model.layers.1.self_attn.o_proj",
     )
+
+
+# ---------------------------------------------------------------- a real run: the loop trains the adapters only
+
+
+def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, small_model, monkeypatch):
+    from safetensors.torch import load_file
+
+    from harness.batch import build_batch, policy_logprobs
+    from harness.config import validate
+    from harness.loop.state import model_dir
+    from harness.loop.train import train
+    from harness.lora import merged_from_checkpoint
+    from harness.models import load_policy
+    from harness.rollout import HFEngine, make_engine
+    from harness.tasks import load_problems, render_prompts
+    from tests.conftest import FAST_TRAINER, compose
+
+    synced: list[dict[str, torch.Tensor]] = []
+    original = HFEngine.sync_weights
+
+    def record(self, state):
+        synced.append({k: v.detach().clone() for k, v in state.items()})
+        original(self, state)
+
+    monkeypatch.setattr(HFEngine, "sync_weights", record)
+    common = [
+        *small_model,
+        *FAST_TRAINER,
+        "rollout=hf",
+        "model.lora_rank=8",
+        "model.lora_alpha=16",
+        "trainer.lr=0.02",
+        "trainer.eval_every=3",
+        "trainer.checkpoint_every=1",
+        "benchmark.max_problems=4",
+    ]
+
+    def run(name: str, *extra: str) -> tuple[dict, object]:
+        raw = compose(*common, *extra)
+        return train(validate(raw), tmp_path / name, raw), tmp_path / name
+
+    summary, run_dir = run("straight", "trainer.total_steps=3")
+    assert summary["status"] == "completed"
+    cfg = validate(compose(*common))
+    base_dir = str(model_dir(cfg))
+    base, tok = load_policy(base_dir)
+    base_state = base.state_dict()
+
+    # The engine first gets the base model itself (B = 0), then merged weights under the base names.
+    assert all(torch.equal(synced[0][k], v) for k, v in base_state.items()) and synced[0].keys() == base_state.keys()
+    last = synced[-1]
+    changed = {k for k, v in base_state.items() if not torch.equal(last[k], v)}
+    assert changed and all(".layers." in k and k.endswith("_proj.weight") for k in changed)
+
+    # Checkpoints hold the adapters only; base + adapters reproduce the last sync bit for bit, so the base weights
+    # did not move during training.
+    adapters = load_file(run_dir / "checkpoints" / "step_3" / "model.safetensors")
+    assert adapters and all(".lora_A." in k or ".lora_B." in k for k in adapters)
+    merged = merged_from_checkpoint(base_dir, adapters, cfg.model)
+    assert all(torch.equal(merged[k], last[k]) for k in base_state)
+
+    # The engine's log-probs (merged weights) are the LoRA policy's (base + adapters, unmerged).
+    policy = apply_lora(load_policy(base_dir)[0], cfg.model)
+    load_adapter_state(policy, adapters)
+    _, problems = load_problems(cfg.data, cfg.benchmark)
+    engine = make_engine("hf", base_dir, "fp32", seed=0, max_model_len=256, max_topk=1, device="cpu")
+    try:
+        engine.sync_weights(last)
+        ro = engine.generate(render_prompts(tok, problems[:4], "chat"), n=2, max_new_tokens=12, seed=1)
+    finally:
+        engine.close()
+    batch = build_batch(ro, torch.zeros(len(ro.texts)), tok.pad_token_id, topk=1)
+    with torch.no_grad():
+        lp = policy_logprobs(policy, batch)
+    assert float((lp.logp - batch.behavior_logp)[batch.mask > 0].abs().max()) <= 1e-4
+
+    # Resume from the adapter checkpoint: the same adapters as the uninterrupted run.
+    run("resumed", "trainer.total_steps=2")
+    summary, resumed_dir = run("resumed", "trainer.total_steps=3", "trainer.resume=true")
+    assert summary["status"] == "completed"
+    again = load_file(resumed_dir / "checkpoints" / "step_3" / "model.safetensors")
+    assert again.keys() == adapters.keys() and all(torch.equal(again[k], adapters[k]) for k in adapters)

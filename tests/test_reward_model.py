@@ -29,7 +29,7 @@ def tokenizer(small_model):
     from transformers import AutoTokenizer
 
     from harness.config import compose, validate
-    from harness.train import model_dir
+    from harness.loop.state import model_dir
 
     return AutoTokenizer.from_pretrained(str(model_dir(validate(compose(*small_model)))))
 
@@ -80,7 +80,7 @@ def test_reward_model_folder_loads_and_scores_like_the_built_one(tokenizer, tmp_
 
 def test_a_folder_that_is_not_a_reward_model_is_refused_in_one_line(tmp_path, small_model):
     from harness.config import compose, validate
-    from harness.train import model_dir
+    from harness.loop.state import model_dir
 
     causal = str(model_dir(validate(compose(*small_model))))
     with pytest.raises(ValueError) as err:
@@ -131,3 +131,59 @@ def test_multi_turn_prompts_go_through_the_chat_template(tokenizer):
         {"role": "user", "content": "And 10+10?"},
         {"role": "assistant", "content": "20."},
     ]
+
+
+def test_rlhf_run_trains_on_reward_model_scores_and_reports_rm_score(tmp_path, small_model, monkeypatch):
+    from harness.config import validate
+    from harness.loop.runlog import read_jsonl
+    from harness.loop.train import train
+    from tests.conftest import FAST_TRAINER, compose
+
+    calls: list[tuple[list, list[str], list[float]]] = []
+    original = RewardModel.rewards
+
+    def record(self, problems, completions):
+        scores, metrics = original(self, problems, completions)
+        calls.append((list(problems), list(completions), scores))
+        return scores, metrics
+
+    monkeypatch.setattr(RewardModel, "rewards", record)
+    raw = compose(
+        *small_model,
+        *FAST_TRAINER,
+        "rollout=hf",
+        "reward.kind=reward_model",
+        "reward.model_path=tiny",
+        "data=ultrafeedback",
+        f"data.path={FIXTURES / 'ultrafeedback.jsonl'}",
+        "benchmark=ultrafeedback",
+        f"benchmark.path={FIXTURES / 'ultrafeedback_test.jsonl'}",
+        "trainer.total_steps=2",
+        "trainer.eval_every=2",
+        "trainer.lr=1e-3",
+    )
+    summary = train(validate(raw), tmp_path / "run", raw)
+    assert summary["status"] == "completed" and summary["score_key"] == "rm_score"
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    evals = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2] and summary["final_score"] == evals[-1]["rm_score"]
+    # Calls: eval 0, step 1, step 2, eval 2. Each step's reward is the reward model's score of its completions.
+    assert len(calls) == 4
+    for row, (problems, _, scores) in zip(rows, calls[1:3], strict=True):
+        assert row["reward/mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-6)
+        assert len(set(scores)) > 1 and row["optim/updates"] > 0  # scores differ within groups: updates happen
+        assert {p.kind for p in problems} == {"ultrafeedback"}
+    for (_, _, scores), e in zip((calls[0], calls[3]), evals, strict=True):
+        assert e["rm_score"] == pytest.approx(sum(scores) / len(scores), abs=1e-6)
+        assert e["n_problems"] == 6 and len(e["problems"]) == 6
+    # A logged score is the reward model's own forward of that (prompt, completion).
+    from transformers import AutoTokenizer
+
+    from harness.loop.state import model_dir
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir(validate(raw))))
+    rm = build_tiny_reward_model(tok)
+    problems, texts, scores = calls[1]
+    ids = tok(tok.apply_chat_template(conversation(problems[0], texts[0]), tokenize=False), add_special_tokens=False)
+    with torch.no_grad():
+        assert float(rm(input_ids=torch.tensor([ids["input_ids"]])).logits[0, 0]) == pytest.approx(scores[0], abs=1e-6)
