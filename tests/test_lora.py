@@ -209,6 +209,20 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
         lp = policy_logprobs(policy, batch)
     assert float((lp.logp - batch.behavior_logp)[batch.mask > 0].abs().max()) <= 1e-4
 
+    # mode=eval on the run directory merges its adapters into the base: it reproduces the run's step-3 evaluation.
+    from omegaconf import OmegaConf
+
+    from harness.loop.eval_only import run_eval
+    from harness.loop.runlog import read_jsonl
+
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(compose(*common), run_dir / ".hydra" / "config.yaml")
+    raw = compose(*common, "mode=eval", f"model.path={run_dir}")
+    evaluated = run_eval(validate(raw), tmp_path / "eval", raw)
+    trained_eval = read_jsonl(run_dir / "eval.jsonl")[-1]
+    assert evaluated["step"] == 3 and evaluated["final_score"] == trained_eval["avg@1"]
+    assert read_jsonl(tmp_path / "eval" / "eval.jsonl")[0]["problems"] == trained_eval["problems"]
+
     # Resume from the adapter checkpoint: the same adapters as the uninterrupted run.
     run("resumed", "trainer.total_steps=2")
     summary, resumed_dir = run("resumed", "trainer.total_steps=3", "trainer.resume=true")
