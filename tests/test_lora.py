@@ -165,7 +165,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
         "model.lora_rank=8",
         "model.lora_alpha=16",
         "trainer.lr=0.02",
-        "trainer.eval_every=3",
+        "trainer.eval_every=2",
         "trainer.checkpoint_every=1",
         "benchmark.max_problems=4",
     ]
@@ -174,7 +174,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
         raw = compose(*common, *extra)
         return train(validate(raw), tmp_path / name, raw), tmp_path / name
 
-    summary, run_dir = run("straight", "trainer.total_steps=3")
+    summary, run_dir = run("straight", "trainer.total_steps=2")
     assert summary["status"] == "completed"
     cfg = validate(compose(*common))
     base_dir = str(model_dir(cfg))
@@ -189,7 +189,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
 
     # Checkpoints hold the adapters only; base + adapters reproduce the last sync bit for bit, so the base weights
     # did not move during training.
-    adapters = load_file(run_dir / "checkpoints" / "step_3" / "model.safetensors")
+    adapters = load_file(run_dir / "checkpoints" / "step_2" / "model.safetensors")
     assert adapters and all(".lora_A." in k or ".lora_B." in k for k in adapters)
     merged = merged_from_checkpoint(base_dir, adapters, cfg.model)
     assert all(torch.equal(merged[k], last[k]) for k in base_state)
@@ -209,7 +209,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
         lp = policy_logprobs(policy, batch)
     assert float((lp.logp - batch.behavior_logp)[batch.mask > 0].abs().max()) <= 1e-4
 
-    # mode=eval on the run directory merges its adapters into the base: it reproduces the run's step-3 evaluation.
+    # mode=eval on the run directory merges its adapters into the base: it reproduces the run's step-2 evaluation.
     from omegaconf import OmegaConf
 
     from harness.loop.eval_only import run_eval
@@ -220,12 +220,12 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
     raw = compose(*common, "mode=eval", f"model.path={run_dir}")
     evaluated = run_eval(validate(raw), tmp_path / "eval", raw)
     trained_eval = read_jsonl(run_dir / "eval.jsonl")[-1]
-    assert evaluated["step"] == 3 and evaluated["final_score"] == trained_eval["avg@1"]
+    assert evaluated["step"] == 2 and evaluated["final_score"] == trained_eval["avg@1"]
     assert read_jsonl(tmp_path / "eval" / "eval.jsonl")[0]["problems"] == trained_eval["problems"]
 
     # Resume from the adapter checkpoint: the same adapters as the uninterrupted run.
-    run("resumed", "trainer.total_steps=2")
-    summary, resumed_dir = run("resumed", "trainer.total_steps=3", "trainer.resume=true")
+    run("resumed", "trainer.total_steps=1")
+    summary, resumed_dir = run("resumed", "trainer.total_steps=2", "trainer.resume=true")
     assert summary["status"] == "completed"
-    again = load_file(resumed_dir / "checkpoints" / "step_3" / "model.safetensors")
+    again = load_file(resumed_dir / "checkpoints" / "step_2" / "model.safetensors")
     assert again.keys() == adapters.keys() and all(torch.equal(again[k], adapters[k]) for k in adapters)

@@ -47,9 +47,9 @@ def test_tiny_reward_model_scores_a_known_function_of_the_text(tokenizer):
     signs = digit_signs(tokenizer)
     for conv, score in zip(convs, scores, strict=True):
         ids = rm.encode(conv)  # through the tokenizer's chat template: <|user|>Q<|assistant|>A<|end|>
-        assert ids == tokenizer(tokenizer.apply_chat_template(conv, tokenize=False), add_special_tokens=False)[
-            "input_ids"
-        ]
+        assert (
+            ids == tokenizer(tokenizer.apply_chat_template(conv, tokenize=False), add_special_tokens=False)["input_ids"]
+        )
         with torch.no_grad():
             direct = float(rm.model(input_ids=torch.tensor([ids])).logits[0, 0])
         assert score == pytest.approx(direct, abs=1e-6)  # batched and padded == one unpadded forward
