@@ -295,9 +295,14 @@ def print_summary(s: dict[str, Any]) -> None:
     key = s.get("score_key", "score")
 
     def pct(x: Any) -> str:
+        if key == "rm_score":  # a reward model's score has its own scale: not a percentage
+            return "-" if x is None else f"{x:.3f}"
         return "-" if x is None else f"{100 * x:.1f}%"
 
-    gain = "-" if s.get("gain") is None else f"{100 * s['gain']:+.1f} points"
+    if s.get("gain") is None:
+        gain = "-"
+    else:
+        gain = f"{s['gain']:+.3f}" if key == "rm_score" else f"{100 * s['gain']:+.1f} points"
     lines = [
         "",
         f"run finished: {s.get('status')}  ({s.get('wall_time_s', 0):.0f} s)",

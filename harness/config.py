@@ -46,6 +46,22 @@ class ModelConfig:
             "without a download; a run uses the checkpoint's own config"
         },
     )
+    # LoRA (harness/lora.py, through peft): only the adapters train; the rollout engine gets merged weights.
+    lora_rank: int = field(
+        default=0, metadata={"ge": 0, "help": "LoRA rank r; 0 = full fine-tuning (DPPO Fig. 17: 32)"}
+    )
+    lora_alpha: float | None = field(
+        default=None,
+        metadata={"gt": 0, "help": "LoRA alpha (the update is alpha / r * B A); null = 2 x rank (Fig. 17: 64)"},
+    )
+    lora_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "help": "dropout on the LoRA input"})
+    lora_targets: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "module suffixes (q_proj, self_attn.o_proj) or fused MoE expert stacks (experts.gate_up_proj) "
+            "to adapt; empty = every linear layer and expert stack of the decoder layers"
+        },
+    )
     # The tiny model (used when path is null): tiny-learnability.md's measured recipe.
     vocab_size: int = field(default=1000, metadata={"ge": 64, "help": "BPE vocabulary to train"})
     hidden_size: int = field(default=256, metadata={"ge": 8})
@@ -103,9 +119,12 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "dapo_math", "math_lvl3to5"] = field(default="arith", metadata={"help": "training set"})
+    name: Literal["arith", "dapo_math", "math_lvl3to5", "ultrafeedback", "hh_rlhf"] = field(
+        default="arith",
+        metadata={"help": "training set; ultrafeedback / hh_rlhf are prompts for reward.kind=reward_model (RLHF)"},
+    )
     path: str | None = field(
-        default=None, metadata={"help": "dapo_math/math_lvl3to5: local .jsonl/.parquet file or hub dataset name"}
+        default=None, metadata={"help": "every set but arith: local .jsonl/.parquet file or hub dataset name"}
     )
     split: str = field(default="train", metadata={"help": "hub dataset split (ignored for local files)"})
     levels: tuple[int, ...] = field(
@@ -138,12 +157,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class BenchmarkConfig:
-    name: Literal["arith", "aime24", "aime25", "aime24_25"] = field(default="arith")
+    name: Literal["arith", "aime24", "aime25", "aime24_25", "ultrafeedback", "hh_rlhf"] = field(
+        default="arith",
+        metadata={"help": "ultrafeedback / hh_rlhf: held-out prompts scored by the reward model (rm_score)"},
+    )
     path: str | tuple[str, ...] | None = field(
         default=None,
         metadata={
             "help": "AIME: local .jsonl/.parquet file or hub dataset name (id/problem/answer); aime24_25: a list "
-            "of two, 2024 first ([a,b], or the quoted string 'a,b'); arith: null (data's held-out arith split)"
+            "of two, 2024 first ([a,b], or the quoted string 'a,b'); ultrafeedback / hh_rlhf: one file or hub "
+            "name of prompts (harness/tasks/rlhf.py layouts); arith: null (data's held-out arith split)"
         },
     )
     split: str = field(default="train", metadata={"help": "hub dataset split (ignored for local files)"})
@@ -239,8 +262,29 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
+    kind: Literal["verify", "reward_model"] = field(
+        default="verify",
+        metadata={
+            "help": "verify: math-verify against the gold answer; reward_model: a learned sequence-classification "
+            "reward model scores (prompt, completion) (RLHF, DPPO Fig. 10)"
+        },
+    )
+    model_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "reward_model: hub id or local folder of an AutoModelForSequenceClassification with one label "
+            "(the paper's: Skywork/Skywork-Reward-Llama-3.1-8B), or tiny (a hand-set model on the policy's "
+            "tokenizer whose score rises with the share of digit tokens; tests and CPU minis)"
+        },
+    )
+    batch_size: int = field(default=8, metadata={"ge": 1, "help": "reward_model: sequences per forward"})
+    max_length: int | None = field(
+        default=None,
+        metadata={"ge": 2, "help": "reward_model: longer inputs keep their last tokens; null = no limit"},
+    )
+    dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata={"help": "reward_model: its weights"})
     scheme: Literal["binary", "signed"] = field(
-        default="binary", metadata={"help": "binary: 1 correct / 0 otherwise; signed: +1 / -1"}
+        default="binary", metadata={"help": "verify: binary 1 correct / 0 otherwise; signed +1 / -1"}
     )
     fallback_pattern: str | None = field(
         default=None,
@@ -357,6 +401,9 @@ def _check_combinations(run: RunConfig) -> None:
                 f"precision.name: fp8_e2e quantizes the trainer's nn.Linear layers and {path!r} has none ({reason}); "
                 "allowed with this model: fp32, bf16, fp8_rollout"
             )
+    from harness.lora import check_lora_config
+
+    check_lora_config(run.model, run.precision.name)
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
     p = run.data.max_prompt_tokens
@@ -368,6 +415,32 @@ def _check_combinations(run: RunConfig) -> None:
     if run.data.name != "arith" and run.data.path is None:
         raise ValueError(f"data.path: data={run.data.name} needs a local file or hub name")
     _check_data(run)
+    _check_reward(run)
+
+
+def _check_reward(run: RunConfig) -> None:
+    from harness.reward_model import check_reward_model_path
+    from harness.tasks import RLHF_SETS
+
+    r = run.reward
+    if r.kind == "reward_model":
+        if r.model_path is None:
+            raise ValueError(
+                "reward.model_path: reward.kind=reward_model needs a reward model (a hub id, a local folder, or tiny)"
+            )
+        check_reward_model_path(r.model_path)
+        return
+    if r.model_path is not None:
+        raise ValueError(
+            f"reward.model_path: set to {r.model_path!r} but reward.kind=verify grades with math-verify; "
+            "set reward.kind=reward_model to score with it"
+        )
+    for key, name in (("data", run.data.name), ("benchmark", run.benchmark.name)):
+        if name in RLHF_SETS:
+            raise ValueError(
+                f"reward.kind: {key}={name} holds prompts without answers, which math-verify cannot grade; "
+                "use reward.kind=reward_model with reward.model_path"
+            )
 
 
 def _check_data(run: RunConfig) -> None:

@@ -69,6 +69,16 @@ BAD = [
     (["seed=-1"], "seed", ">= 0"),
     (["+colour=blue"], "colour", "allowed"),
     (["precision=fp8_e2e", "model.path=<gpt2>"], "precision.name", "fp32, bf16, fp8_rollout"),
+    (["model.lora_rank=-1"], "model.lora_rank", ">= 0"),
+    (["model.lora_alpha=64"], "model.lora_alpha", "model.lora_rank=<r>"),
+    (["model.lora_rank=8", "model.lora_targets=[qproj]"], "model.lora_targets", "allowed: down_proj, gate_proj"),
+    (["model.lora_rank=8", "precision=fp8_e2e"], "model.lora_rank", "allowed with LoRA: fp32, bf16, fp8_rollout"),
+    (["model=qwen3_30b_a3b_base", "model.lora_rank=8", "model.lora_dropout=0.1"], "model.lora_dropout", "must be 0"),
+    (["reward.kind=reward_model"], "reward.model_path", "a hub id, a local folder, or tiny"),
+    (["reward.kind=reward_model", "reward.model_path=<gpt2>"], "reward.model_path", "*ForSequenceClassification"),
+    (["reward.model_path=tiny"], "reward.model_path", "reward.kind=reward_model"),
+    (["data=ultrafeedback"], "reward.kind", "use reward.kind=reward_model"),
+    (["benchmark=hh_rlhf"], "reward.kind", "use reward.kind=reward_model"),
 ]
 
 

@@ -51,6 +51,13 @@ EXPECTED_OBJECTIVES = {
     "drpo_qwen3_5_35b": {"pg_is", "grpo", "spo", "dppo", "drpo"},
     "drpo_sanity": {"pg_is", "grpo", "spo", "dppo", "drpo"},
     "drpo_penalty_beta": {"penalty_tv", "penalty_kl", "penalty_k3"},
+    "dppo_fig17_lora": {"grpo", "cispo", "dppo", "dppo_kl"},
+    "dppo_fig10_rlhf": {"grpo", "dppo"},
+}
+# What a full-scale experiment trains on, where it is not the default (DAPO-Math, AIME24 + AIME25, lr 1e-6).
+SETTING = {
+    "dppo_fig17_lora": {"lr": 1e-5},
+    "dppo_fig10_rlhf": {"data": ("ultrafeedback", "hh_rlhf"), "benchmark": ("ultrafeedback", "hh_rlhf")},
 }
 
 register_schemas()
@@ -112,36 +119,54 @@ def test_full_scale_arms_are_valid_runs(name):
     assert {r.objective.name for r in runs.values()} == EXPECTED_OBJECTIVES[name]
     assert EXPECTED_OBJECTIVES[name] <= set(OBJECTIVE_NAMES)  # conf/objective/<name>.yaml options
     assert {r.precision.name for r in runs.values()} <= set(PRECISIONS)
-    distinct = {(objective_settings(r), r.precision.name, r.rollout.behavior) for r in runs.values()}
-    assert len(distinct) == len(runs), f"{name}: two arms resolve to the same objective and precision"
+    distinct = {
+        (objective_settings(r), r.precision.name, r.rollout.behavior, r.model.name, r.data.name) for r in runs.values()
+    }
+    assert len(distinct) == len(runs), f"{name}: two arms resolve to the same objective, precision, model and data"
+    setting = SETTING.get(name, {})
     for run in runs.values():  # a hub checkpoint on GPU with vLLM, the papers' data, benchmark and lr
-        assert (run.device, run.rollout.engine, run.data.name, run.benchmark.name) == (
-            "cuda",
-            "vllm",
-            "dapo_math",
-            "aime24_25",
-        )
-        assert run.model.path is not None and run.model.name != "tiny" and run.trainer.lr == 1e-6
+        assert (run.device, run.rollout.engine) == ("cuda", "vllm")
+        assert run.data.name in setting.get("data", ("dapo_math",))
+        assert run.benchmark.name in setting.get("benchmark", ("aime24_25",))
+        assert run.model.path is not None and run.model.name != "tiny" and run.trainer.lr == setting.get("lr", 1e-6)
     assert seeds(name) == [0] * len(runs)
+
+
+def mini_arm(arm: tuple[str, ...]) -> tuple[str, ...]:
+    """A full-scale arm as its mini twin runs it: an `+experiment/<group>=<x>` option with a `<group>/mini_<x>.yaml`
+    stand-in (a setting that names a hub model and data set, e.g. rlhf/) is swapped for it."""
+    out = []
+    for o in arm:
+        key, _, value = o.partition("=")
+        group = key.removeprefix("+experiment/")
+        stand_in = key.startswith("+experiment/") and (ROOT / "experiments" / group / f"mini_{value}.yaml").is_file()
+        out.append(f"{key}=mini_{value}" if stand_in else o)
+    return tuple(sorted(out))
 
 
 @pytest.mark.parametrize("name", FULL)
 def test_mini_twin_runs_the_same_arms_on_cpu(name):
     mini = f"mini_{name}"
-    assert arms(mini) == arms(name)
+    assert arms(mini) == sorted(mini_arm(a) for a in arms(name))
     smoke = seeds(mini) == [0] * len(arms(name))  # scale/mini_smoke: one seed, 2 steps (a setting's plumbing)
     assert smoke or seeds(mini) == sorted([0, 1, 2] * len(arms(name)))
-    for arm in arms(name):
-        run, full = arm_run(mini, arm), arm_run(name, arm)
+    for full_arm in arms(name):
+        arm = mini_arm(full_arm)
+        run, full = arm_run(mini, arm), arm_run(name, full_arm)
         assert run.name == mini
         assert objective_settings(run) == objective_settings(full), f"{mini} {arm}: the objective differs"
         if any(o.startswith("precision=") for o in arm):
             assert run.precision == full.precision
-        assert (run.device, run.model.name, run.rollout.engine, run.data.name) == ("cpu", "tiny", "hf", "arith")
-        assert (run.benchmark.name, run.trainer.threads, run.logger.name) == ("arith", 1, "none")
+        assert (run.device, run.model.name, run.rollout.engine, run.model.max_model_len) == ("cpu", "tiny", "hf", 512)
+        assert (run.trainer.threads, run.logger.name, run.model.lora_rank) == (1, "none", full.model.lora_rank)
         assert run.rollout.behavior == full.rollout.behavior
         if smoke:
             assert run.trainer.total_steps <= 2
+        if name in SETTING and "data" in SETTING[name]:  # the same kind of prompts, from the repository's fixtures
+            assert (run.data.name, run.benchmark.name) == (full.data.name, full.benchmark.name)
+            assert (ROOT / run.data.path).is_file() and run.reward.model_path == "tiny"
+        else:  # mini_dppo_main evaluates on AIME24 + AIME25 as Fig. 8 does (the files beside the checkout)
+            assert run.data.name == "arith" and run.benchmark.name in ("arith", "aime24_25")
 
 
 # What a mini run costs on one core of the 2-core AVX2 machine (measured with the mini scale on a lightly loaded
@@ -186,6 +211,31 @@ def test_recipes_carry_the_papers_values():
         64,
         4,
     )
+
+
+def test_lora_and_rlhf_experiments_carry_the_papers_values():
+    lora = {a[0].split("=", 1)[1]: arm_run("dppo_fig17_lora", a) for a in arms("dppo_fig17_lora")}
+    run = lora["dppo"]
+    t, m = run.trainer, run.model
+    assert (m.path, m.lora_rank, m.lora_alpha, m.lora_dropout, m.max_model_len) == (
+        "Qwen/Qwen3-30B-A3B-Base", 32, 64.0, 0.0, 1024 + 8000,
+    )  # fmt: skip
+    batch = (t.prompts_per_step, t.group_size, t.prompts_per_step // t.minibatches, t.max_new_tokens)
+    assert batch == (128, 8, 16, 8000)
+    assert (t.lr, t.eval_every, run.eval.n, run.eval.temperature, run.rollout.temperature) == (1e-5, 10, 32, 0.7, 1.0)
+    assert (lora["dppo"].objective.delta, lora["dppo_kl"].objective.delta, lora["grpo_0.27"].objective.eps_high) == (
+        0.15, 0.05, 0.27,
+    )  # fmt: skip
+    assert {r.objective.is_cap for r in lora.values()} == {5.0}
+    rlhf = [arm_run("dppo_fig10_rlhf", a) for a in arms("dppo_fig10_rlhf")]
+    assert {(r.model.path, r.data.name) for r in rlhf} == {
+        ("google/gemma-2-9b-it", "ultrafeedback"),
+        ("Qwen/Qwen3-4B-Instruct-2507", "hh_rlhf"),
+    }
+    assert {(r.reward.kind, r.reward.model_path) for r in rlhf} == {
+        ("reward_model", "Skywork/Skywork-Reward-Llama-3.1-8B")
+    }
+    assert {r.data.template for r in rlhf} == {"chat"}
 
 
 def test_arm_values_reach_the_objective():

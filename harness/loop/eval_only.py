@@ -32,7 +32,9 @@ from safetensors import safe_open
 from harness.config import ModelConfig, RunConfig, validate
 from harness.loop.evaluate import evaluate
 from harness.loop.runlog import RunLog
-from harness.loop.state import model_dir, wandb_settings
+from harness.loop.state import model_dir, score_key, wandb_settings
+from harness.lora import merged_from_checkpoint
+from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
 from harness.rollout.base import load_tokenizer
 from harness.tasks import load_benchmark, render_prompts
@@ -150,30 +152,34 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
             cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
         )
         if src.weights is not None:
-            engine.sync_weights(read_weights(src.weights))
+            weights = read_weights(src.weights)
+            if src.model.lora_rank:  # a LoRA run's checkpoint holds its adapters: merge them into the base
+                weights = merged_from_checkpoint(src.base, weights, src.model)
+            engine.sync_weights(weights)
 
         # --- evaluate and log ---
-        record, samples = evaluate(
-            engine,
-            prompts,
-            problems,
+        common = dict(
             n=cfg.eval.n,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
             temperature=cfg.eval.temperature,
             top_p=cfg.eval.top_p,
             seed=cfg.seed * 1_000_003 + src.step,
             samples_to_keep=cfg.trainer.samples_per_eval,
-            grading=cfg.reward.grade_kwargs(),
             truncate_prompts=cfg.eval.cut_prompts(tiny_model=src.tiny),
         )
+        if cfg.reward.kind == "reward_model":  # RLHF: the reward model's mean score
+            scorer = RewardModel.from_config(cfg.reward, tokenizer, cfg.device)
+            record, samples = evaluate_rm(engine, prompts, problems, scorer, **common)
+        else:
+            record, samples = evaluate(engine, prompts, problems, grading=cfg.reward.grade_kwargs(), **common)
         log.log_eval(src.step, {"benchmark": cfg.benchmark.name, "template": src.template, **record})
         log.log_samples(src.step, samples)
-        score_key = f"avg@{cfg.eval.n}"
+        key = score_key(cfg)
         summary.update(
             status="completed",
-            score_key=score_key,
-            final_score=record[score_key],
-            scores={k: v for k, v in record.items() if isinstance(v, float) and "@" in k},
+            score_key=key,
+            final_score=record[key],
+            scores={k: v for k, v in record.items() if isinstance(v, float) and ("@" in k or k == key)},
             template=src.template,
             n_problems=len(problems),
         )
@@ -190,7 +196,9 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
 
 
 def print_eval_summary(s: dict[str, Any]) -> None:
-    scores = "  ".join(f"{k} {100 * v:.1f}%" for k, v in s.get("scores", {}).items())
+    scores = "  ".join(
+        f"{k} {v:.3f}" if k == "rm_score" else f"{k} {100 * v:.1f}%" for k, v in s.get("scores", {}).items()
+    )
     lines = [
         "",
         f"evaluation finished: {s.get('status')}  ({s.get('wall_time_s', 0):.0f} s)",

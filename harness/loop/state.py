@@ -26,9 +26,18 @@ from harness.loop.distributed import ProcessGroup
 from harness.loop.evaluate import evaluate
 from harness.loop.runlog import NullLog, RunLog, WandbSettings, read_jsonl
 from harness.loop.tokens import TokenSamples
+from harness.lora import (
+    adapter_state_dict,
+    apply_lora,
+    engine_state_dict,
+    is_lora,
+    restore_adapter,
+    trainable_parameters,
+)
 from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy
 from harness.objectives import get_objective
 from harness.objectives.registry import Objective
+from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
 from harness.rollout.base import RolloutEngine
 from harness.tasks import arith_config, load_problems, render_prompts
@@ -56,6 +65,7 @@ class Run:
     eval_prompts: list[str]
     engine: RolloutEngine | None = None  # rank 0's; the others receive its rollouts
     tokens: TokenSamples | None = None  # rank 0's per-token sample (tokens.parquet)
+    scorer: RewardModel | None = None  # rank 0's reward model (reward.kind=reward_model); rewards are broadcast
     done_steps: int = 0
     skipped: int = 0  # updates skipped for a non-finite loss/gradient, in total
     bad_streak: int = 0  # ... in a row
@@ -66,7 +76,7 @@ class Run:
 
     @property
     def score_key(self) -> str:
-        return f"avg@{self.cfg.eval.n}"
+        return score_key(self.cfg)
 
     @property
     def horizon(self) -> int:
@@ -75,6 +85,13 @@ class Run:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        if self.scorer is not None:
+            self.scorer.close()
+
+
+def score_key(cfg: RunConfig) -> str:
+    """The evaluation's headline score: the reward model's mean score for RLHF, else accuracy avg@n."""
+    return "rm_score" if cfg.reward.kind == "reward_model" else f"avg@{cfg.eval.n}"
 
 
 def open_log(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any], pg: ProcessGroup) -> RunLog | NullLog:
@@ -103,12 +120,14 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
         train_set = _fitting(train_set, tokenizer, cfg)
         eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
         t = cfg.trainer
-        optimizer = torch.optim.AdamW(
-            policy.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
+        optimizer = torch.optim.AdamW(  # under LoRA only the adapters are trainable
+            trainable_parameters(policy), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
         )
         run = Run(
             cfg, run_dir, pg, log, policy, tokenizer, objective, optimizer, prec, train_set, eval_set, eval_prompts
         )
+        if pg.main and cfg.reward.kind == "reward_model":  # rank 0 scores the whole batch and shares the rewards
+            run.scorer = RewardModel.from_config(cfg.reward, tokenizer, cfg.device)
         if pg.main:  # one engine per run: rank 0 samples the whole step's batch and shares it
             run.engine = engine_from_config(
                 cfg.rollout, str(model_path), cfg.precision.name, cfg.seed, cfg.model.max_model_len, cfg.device
@@ -140,7 +159,9 @@ def _objective_values(cfg: RunConfig) -> dict[str, Any]:
 def _prepare_policy(
     policy: torch.nn.Module, cfg: RunConfig, prec: precisions.Precision, pg: ProcessGroup
 ) -> torch.nn.Module:
-    """Gradient checkpointing, FP8 training linears, then FSDP2 sharding (a no-op with one process)."""
+    """LoRA adapters (model.lora_rank > 0), gradient checkpointing, FP8 training linears, then FSDP2 sharding (a
+    no-op with one process)."""
+    policy = apply_lora(policy, cfg.model, cfg.seed)
     if cfg.model.gradient_checkpointing:  # transformers checkpoints only in training mode
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.train()
@@ -159,15 +180,18 @@ def sync_weights(run: Run) -> None:
     """The engine's copy follows the trainer (through the precision's transform). A collective under FSDP2:
     every rank takes part, rank 0 pushes."""
     state = run.pg.full_state_dict(run.policy)
-    if run.engine is not None:
-        run.engine.sync_weights(state)
+    if run.engine is not None:  # LoRA: the base weights with the adapters merged in, under the base names
+        run.engine.sync_weights(engine_state_dict(run.policy, state))
 
 
 def resume(run: Run) -> None:
     """Continue from the newest checkpoint when `trainer.resume` is set (weights, optimizer, RNG streams, counters),
     cutting the logs back to it; then open the token sampler and read the best score evaluated so far."""
     if run.cfg.trainer.resume:
-        state = load_latest(run.run_dir, run.policy, run.optimizer, run.pg.restore(run.policy, run.optimizer))
+        restore = run.pg.restore(run.policy, run.optimizer)
+        if is_lora(run.policy):  # checkpoints hold the adapters only
+            restore = restore_adapter(run.policy, run.optimizer, sharded=run.pg.active)
+        state = load_latest(run.run_dir, run.policy, run.optimizer, restore)
         run.done_steps = int(state["step"]) if state else 0
         run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
         run.clipped = ClippedTokens(state["extra"].get("clipped_tokens") if state else None)
@@ -180,7 +204,10 @@ def resume(run: Run) -> None:
 def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
     """checkpoints/step_<step>: full (unsharded) tensors, written by rank 0 while the others wait."""
     extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
-    weights = run.pg.full_state_dict(run.policy) if run.pg.active else None  # collectives: every rank takes part
+    lora = is_lora(run.policy)
+    weights = run.pg.full_state_dict(run.policy) if run.pg.active or lora else None  # collectives: every rank
+    if lora and weights is not None:  # the adapters only: the frozen base is the model the run started from
+        weights = adapter_state_dict(weights)
     optim_state = run.pg.full_optimizer_state(run.policy, run.optimizer)
     try:
         if run.pg.main:
@@ -207,19 +234,21 @@ def run_eval(run: Run, step: int) -> dict[str, float]:
     cfg = run.cfg
 
     def on_main() -> dict[str, float]:
-        record, samples = evaluate(
-            run.engine,
-            run.eval_prompts,
-            run.eval_set,
+        common = dict(
             seed=cfg.seed * 1_000_003 + step,
             n=cfg.eval.n,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
             temperature=cfg.eval.temperature,
             top_p=cfg.eval.top_p,
             samples_to_keep=cfg.trainer.samples_per_eval,
-            grading=cfg.reward.grade_kwargs(),
             truncate_prompts=cfg.eval.cut_prompts(tiny_model=cfg.model.path is None),
         )
+        if run.scorer is not None:  # RLHF: the reward model's mean score on held-out prompts
+            record, samples = evaluate_rm(run.engine, run.eval_prompts, run.eval_set, run.scorer, **common)
+        else:
+            record, samples = evaluate(
+                run.engine, run.eval_prompts, run.eval_set, grading=cfg.reward.grade_kwargs(), **common
+            )
         run.log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
         run.log.log_samples(step, samples)
         run.clipped.write_table(run.run_dir / "clipped_tokens.csv", run.tokenizer.decode)

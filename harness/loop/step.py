@@ -99,12 +99,17 @@ def rollout(run: Run, step: int) -> tuple[list[Problem], Rollout]:
 
 
 def score(run: Run, problems: list[Problem], ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Rewards (math-verify against each problem's answer) and group advantages."""
-    answers = [problems[int(g)].answer for g in ro.group]
-    graded = grade(ro.texts, answers, ro.finished.tolist(), **run.cfg.reward.grade_kwargs())
-    rewards = torch.tensor(graded.rewards)
+    """Rewards (math-verify against each problem's answer, or rank 0's reward model) and group advantages."""
+    if run.cfg.reward.kind == "reward_model":
+        rows = [problems[int(g)] for g in ro.group]
+        values, reward_metrics = run.pg.from_main(lambda: run.scorer.rewards(rows, ro.texts))  # type: ignore[union-attr]
+    else:
+        answers = [problems[int(g)].answer for g in ro.group]
+        graded = grade(ro.texts, answers, ro.finished.tolist(), **run.cfg.reward.grade_kwargs())
+        values, reward_metrics = graded.rewards, graded.metrics
+    rewards = torch.tensor(values)
     adv, adv_metrics = compute_advantages(rewards, ro.group, run.cfg.trainer.advantage)
-    return rewards, adv, {**adv_metrics, **graded.metrics}
+    return rewards, adv, {**adv_metrics, **reward_metrics}
 
 
 def recompute_old_logp(run: Run, batch: TrainBatch) -> torch.Tensor | None:

@@ -10,16 +10,22 @@ from typing import Any
 
 from harness.tasks.arith import ArithConfig, Problem, make_splits
 from harness.tasks.loaders import load_benchmark_file, load_dapo_math, load_math
-from harness.tasks.templates import render
+from harness.tasks.rlhf import load_hh_rlhf, load_ultrafeedback
+from harness.tasks.templates import render, render_turns
 
 logger = logging.getLogger(__name__)
 
-TRAINING_SETS = ("arith", "dapo_math", "math_lvl3to5")
-# The years each AIME benchmark holds, in order; aime24_25 reads one source per year (harness.config checks it).
+TRAINING_SETS = ("arith", "dapo_math", "math_lvl3to5", "ultrafeedback", "hh_rlhf")
+# Prompt sets without answers, for a reward model to score (harness/tasks/rlhf.py): training sets and benchmarks.
+RLHF_SETS = {"ultrafeedback": load_ultrafeedback, "hh_rlhf": load_hh_rlhf}
+# The sources each benchmark reads, in order: aime24_25 one per year (harness.config checks it); an RLHF prompt
+# set (held-out prompts for the reward model) one.
 BENCHMARK_PARTS: dict[str, tuple[str, ...]] = {
     "aime24": ("aime24",),
     "aime25": ("aime25",),
     "aime24_25": ("aime24", "aime25"),
+    "ultrafeedback": ("ultrafeedback",),
+    "hh_rlhf": ("hh_rlhf",),
 }
 
 
@@ -44,6 +50,8 @@ def load_training_set(data: Any) -> list[Problem]:
         problems, counts = load_dapo_math(data.path, split=data.split, keep_instruction=keep)
     elif data.name == "math_lvl3to5":
         problems, counts = load_math(data.path, levels=tuple(data.levels), split=data.split)
+    elif data.name in RLHF_SETS:
+        problems, counts = RLHF_SETS[data.name](data.path, split=data.split)
     else:
         raise ValueError(f"data.name: unknown training set {data.name!r}; allowed: {', '.join(TRAINING_SETS)}")
     logger.info("data=%s from %s: %s", data.name, data.path, ", ".join(f"{k} {v}" for k, v in counts.items()))
@@ -56,6 +64,9 @@ def load_benchmark(benchmark: Any, data: Any) -> list[Problem]:
     `benchmark.max_problems`, taken round-robin over kinds so a prefix keeps the mix."""
     if benchmark.name == "arith":
         problems = make_splits(arith_config(data))[1]
+    elif benchmark.name in RLHF_SETS:
+        (source,) = benchmark_sources(benchmark)
+        problems = RLHF_SETS[benchmark.name](source, split=benchmark.split, key="benchmark.path")[0]
     elif benchmark.name in BENCHMARK_PARTS:
         parts, sources = BENCHMARK_PARTS[benchmark.name], benchmark_sources(benchmark)
         per_part = [load_benchmark_file(s, kind, split=benchmark.split) for s, kind in zip(sources, parts, strict=True)]
@@ -98,5 +109,12 @@ def _interleave_kinds(problems: Sequence[Problem]) -> list[Problem]:
 
 
 def render_prompts(tokenizer: Any, problems: Sequence[Problem], template: str) -> list[list[int]]:
-    texts = [render(tokenizer, p.question, template) for p in problems]
+    """Token ids of each problem's prompt: its `messages` through the chat template when it has turns (RLHF
+    prompts), else its question through `template`."""
+    texts = [
+        render_turns(tokenizer, p.messages)
+        if p.messages and template == "chat"
+        else render(tokenizer, p.question, template)
+        for p in problems
+    ]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

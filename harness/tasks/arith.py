@@ -73,8 +73,11 @@ class Problem:
     """``kind:expression``, unique across the task, e.g. ``add_mul:3+4*5``."""
     question: str
     answer: str
-    """The integer answer as a decimal string without leading zeros."""
+    """The integer answer as a decimal string without leading zeros ("" for RLHF prompts, which have none)."""
     kind: str
+    messages: tuple[tuple[str, str], ...] = ()
+    """RLHF prompts (harness/tasks/rlhf.py): the prompt's (role, content) turns, ending in a user turn; the chat
+    template renders these instead of `question`. Empty for every other task."""
 
 
 def make_splits(cfg: ArithConfig) -> tuple[list[Problem], list[Problem]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 TEMPLATES = ("chat", "plain", "qwen_math")
@@ -27,3 +28,12 @@ def render(tokenizer: Any, question: str, template: str = "chat") -> str:
     if template == "qwen_math":
         return question + QWEN_MATH_SUFFIX + "\n"
     raise ValueError(f"unknown prompt template {template!r}; allowed: {', '.join(TEMPLATES)}")
+
+
+def render_turns(tokenizer: Any, turns: Sequence[tuple[str, str]]) -> str:
+    """A multi-turn prompt ((role, content) pairs ending in a user turn) through the chat template, with the
+    generation prompt."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"template 'chat' needs a tokenizer with a chat_template; {type(tokenizer).__name__} has none")
+    messages = [{"role": role, "content": content} for role, content in turns]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
