@@ -1,0 +1,299 @@
+"""Findings: the suite's runs -> per-run numbers -> one verdict per claim -> FINDINGS.md, findings.json, figures.
+
+Each claim of findings/suite.yaml lists `parts`: a comparison of arm `a` against arm `b` (or against a number),
+on a per-run `metric` (below), decided by a `rule` (analysis/verdicts.py). The claim's effect, interval and
+seeds are its first part's; its verdict combines the parts (any contradicted -> contradicted, all reproduced ->
+reproduced). A claim the CPU suite cannot test has `cpu: false` and a `why`; it gets a row, no verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.verdicts import Rule, combine, compare
+from harness.loop.runlog import read_jsonl
+
+QUARTER = 0.25  # "early" / "late": the first / last quarter of the steps
+COLLAPSE_FRACTION = 0.5  # collapsed: late reward below half the run's best 10-step mean reward
+
+
+def _series(m: pd.DataFrame, key: str) -> pd.Series:
+    return m[key].dropna() if key in m.columns else pd.Series(dtype=float)
+
+
+def _window(m: pd.DataFrame, key: str, where: str) -> float:
+    s = _series(m, key)
+    if s.empty:
+        return math.nan
+    k = max(1, int(round(len(s) * QUARTER)))
+    return float((s.iloc[:k] if where == "early" else s.iloc[-k:]).mean())
+
+
+def _final_eval(m: pd.DataFrame, e: pd.DataFrame) -> float:
+    col = next((c for c in e.columns if c.startswith("avg@")), None)
+    return float(e[col].dropna().iloc[-1]) if col and e[col].notna().any() else math.nan
+
+
+def _collapsed(m: pd.DataFrame, e: pd.DataFrame) -> float:
+    r = _series(m, "reward/mean")
+    if r.empty:
+        return math.nan
+    best = float(r.rolling(10, min_periods=1).mean().max())
+    return float(_window(m, "reward/mean", "late") < COLLAPSE_FRACTION * best)
+
+
+def _clipped_mu(m: pd.DataFrame, e: pd.DataFrame) -> float:
+    cols = [c for c in ("objective/clipped_mu_mean_pos", "objective/clipped_mu_mean_neg") if c in m.columns]
+    return float(np.nanmean(m[cols].to_numpy())) if cols and m[cols].notna().any().any() else math.nan
+
+
+def _clipped_entropy_excess(m: pd.DataFrame, e: pd.DataFrame) -> float:
+    cols = [c for c in ("objective/clipped_entropy_mean_pos", "objective/clipped_entropy_mean_neg") if c in m.columns]
+    if not cols or "rollout/entropy" not in m.columns or not m[cols].notna().any().any():
+        return math.nan
+    return float(np.nanmean(m[cols].to_numpy()) - m["rollout/entropy"].mean())
+
+
+# Per-run numbers a claim can compare: (metrics.jsonl frame, eval.jsonl frame) -> float.
+METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = {
+    "final_eval": (_final_eval, "held-out accuracy at the last evaluation"),
+    "eval_gain": (
+        lambda m, e: _final_eval(m, e) - float(e[[c for c in e.columns if c.startswith("avg@")][0]].iloc[0])
+        if len(e) else math.nan,
+        "held-out accuracy, last evaluation minus step 0",
+    ),
+    "reward_auc": (lambda m, e: float(_series(m, "reward/mean").mean()), "mean training reward over all steps"),
+    "early_reward": (lambda m, e: _window(m, "reward/mean", "early"), "mean training reward, first quarter"),
+    "late_reward": (lambda m, e: _window(m, "reward/mean", "late"), "mean training reward, last quarter"),
+    "collapsed": (_collapsed, f"1 if the last quarter's reward < {COLLAPSE_FRACTION} x the best 10-step mean"),
+    "late_mismatch": (
+        lambda m, e: _window(m, "mismatch/abs_prob_diff_mean", "late"), "mean |pi - mu| before the update, last quarter"
+    ),
+    "late_entropy": (lambda m, e: _window(m, "rollout/entropy", "late"), "policy entropy, last quarter"),
+    "clipped_mu": (_clipped_mu, "mean rollout probability mu of masked/clipped tokens"),
+    "clipped_entropy_excess": (_clipped_entropy_excess, "entropy of clipped tokens minus mean token entropy"),
+    "bad_update_frac": (
+        lambda m, e: float(_series(m, "mismatch/bad_update_frac").mean()), "share of bad updates (Fig. 5)"
+    ),
+}
+
+
+def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def frame(name: str) -> pd.DataFrame:
+        path = run_dir / name
+        return pd.DataFrame(read_jsonl(path)) if path.exists() else pd.DataFrame()
+
+    return frame("metrics.jsonl"), frame("eval.jsonl")
+
+
+def run_error(run_dir: Path) -> str:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        return str(summary.get("error") or "no error recorded")
+    except (OSError, ValueError):
+        return "the run left no summary.json"
+
+
+def evaluate_claims(
+    claims: Sequence[dict[str, Any]], jobs: Sequence[Any], status: dict[Any, str]
+) -> tuple[list[dict[str, Any]], pd.DataFrame, pd.DataFrame]:
+    """(one entry per claim, per-run numbers, the runs' metrics for figures)."""
+    rows, frames = [], []
+    for job in jobs:
+        ok = status.get(job) == "completed"
+        m, e = load_run(job.run_dir) if ok else (pd.DataFrame(), pd.DataFrame())
+        row = {"arm": job.arm, "seed": job.seed, "status": status.get(job, "missing"), "run_dir": str(job.run_dir)}
+        for name, (fn, _) in METRICS.items():
+            row[name] = fn(m, e) if ok and not m.empty else math.nan
+        first = m.iloc[0] if ok and not m.empty else {}
+        row["mismatch_abs_mean_step1"] = float(first.get("mismatch/abs_prob_diff_mean", math.nan))
+        row["mismatch_abs_max_step1"] = float(first.get("mismatch/abs_prob_diff_max", math.nan))
+        row["error"] = "" if ok else run_error(job.run_dir)
+        rows.append(row)
+        if ok and not m.empty:
+            frames.append(m.assign(run=str(job.run_dir), arm=job.arm, seed=job.seed))
+    per_run = pd.DataFrame(rows)
+    curves = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return [claim_entry(c, per_run) for c in claims], per_run, curves
+
+
+def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": claim["id"], "claim": claim["claim"], "paper": claim["paper"], "cpu": claim.get("cpu", True),
+    }  # fmt: skip
+    if not claim.get("cpu", True):
+        return {**entry, "verdict": "not tested", "why": claim.get("why", "")}
+    parts = []
+    for part in claim["parts"]:
+        rule = Rule(**part["rule"])
+        a = _values(per_run, part["a"], part["metric"])
+        b = part["b"]
+        b_vals = _values(per_run, b, part["metric"]) if isinstance(b, str) else [float(b)] * max(rule.min_seeds, 1)
+        c = compare(a, b_vals, rule)
+        parts.append({
+            "a": part["a"], "b": b, "metric": part["metric"], "rule": part["rule"], "effect": c.effect,
+            "ci_low": c.ci_low, "ci_high": c.ci_high, "prob_a_better": c.prob_a_better, "seeds": list(c.seeds),
+            "verdict": c.verdict, "why": c.why,
+        })  # fmt: skip
+    head = parts[0]
+    arms = {}
+    for arm in dict.fromkeys([p["a"] for p in parts] + [p["b"] for p in parts if isinstance(p["b"], str)]):
+        sub = per_run[per_run["arm"] == arm]
+        done = sub[sub["status"] == "completed"]
+        arms[arm] = {
+            "seeds": int(len(done)),
+            "failed": [
+                {"seed": int(r.seed), "error": r.error}
+                for r in sub.itertuples()
+                if r.status not in ("completed", "not run")
+            ],
+            "not_run": int((sub["status"] == "not run").sum()),
+            "mismatch_abs_mean": _mean(done["mismatch_abs_mean_step1"]),
+            "mismatch_abs_max": _mean(done["mismatch_abs_max_step1"]),
+        }
+    return {
+        **entry,
+        "metric": head["metric"],
+        "metric_meaning": METRICS[head["metric"]][1],
+        "effect": head["effect"],
+        "ci_low": head["ci_low"],
+        "ci_high": head["ci_high"],
+        "seeds": min(head["seeds"]),
+        "verdict": combine([p["verdict"] for p in parts]),
+        "parts": parts,
+        "arms": arms,
+    }
+
+
+def _values(per_run: pd.DataFrame, arm: str, metric: str) -> list[float]:
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
+    return per_run.loc[per_run["arm"] == arm, metric].astype(float).tolist()
+
+
+def _mean(s: pd.Series) -> float:
+    s = s.dropna()
+    return float(s.mean()) if len(s) else math.nan
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}g}"
+
+
+def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataFrame, out_dir: Path) -> list[str]:
+    """The claim's figure(s), of the paper's kind: curves for the keys it names, final-value intervals otherwise."""
+    from analysis import figures
+
+    if curves.empty or not claim.get("cpu", True):
+        return []
+    arms = [a for a in claim.get("arms", []) or [p["a"] for p in claim["parts"]]]
+    sub = curves[curves["arm"].isin(arms)].copy()
+    sub["objective.name"] = sub["arm"]  # figures label arms by this column, bare
+    written = []
+    for kind in claim.get("figures", ["reward"]):
+        fn = {
+            "reward": figures.fig_reward_curves,
+            "mismatch": figures.fig_mismatch,
+            "entropy": figures.fig_entropy,
+            "masked": figures.fig_masked_frac,
+            "bad_updates": figures.fig_bad_updates,
+            "weights": figures.fig_drpo_weights,
+        }.get(kind) or getattr(figures, f"fig_{kind}", None)
+        if fn is None:
+            continue
+        try:
+            fig = fn(sub, arms=["objective.name"], title=f"claim {claim['id']}")
+        except figures.SkipFigure:
+            continue
+        paths = figures.save_figure(fig, out_dir / "figures", f"claim{claim['id']}_{kind}")
+        written += [str(p.relative_to(out_dir)) for p in paths]
+    return written
+
+
+def write_report(
+    suite: Any, claims: Sequence[dict[str, Any]], jobs: Sequence[Any], status: dict[Any, str], out: Path,
+    wall_s: float, quick: bool,
+) -> int:  # fmt: skip
+    """Write findings.json and FINDINGS.md (and figures); returns the number of failed runs."""
+    entries, per_run, curves = evaluate_claims(claims, jobs, status)
+    by_id = {c["id"]: c for c in claims}
+    for entry in entries:
+        figs = claim_figures(by_id[entry["id"]], curves, per_run, out)
+        entry["figure"] = figs[0] if figs else None
+        entry["figures"] = figs
+    failed = per_run[~per_run["status"].isin(["completed", "not run"])] if len(per_run) else per_run
+    doc = {
+        "suite": str(suite.path.name),
+        "quick": quick,
+        "wall_time_s": wall_s,
+        "runs": len(per_run),
+        "failed_runs": int(len(failed)),
+        "claims": entries,
+        "runs_not_run": int((per_run["status"] == "not run").sum()) if len(per_run) else 0,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "findings.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    per_run.to_csv(out / "runs.csv", index=False)
+    (out / "FINDINGS.md").write_text(markdown(doc, suite, failed), encoding="utf-8")
+    return int(len(failed))
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float | np.floating):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    raise TypeError(type(x))
+
+
+def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
+    lines = [
+        "# Findings on 2 CPU cores",
+        "",
+        f"Written by `python -m analysis.suite{' --quick' if doc['quick'] else ''}` from `{doc['suite']}` "
+        f"({doc['runs']} runs: {doc['failed_runs']} failed, {doc['runs_not_run']} not run yet; "
+        f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass). "
+        "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval; P(A>B) over seed "
+        "pairs; each verdict follows the rule written in the suite file before the runs.",
+        "",
+        "| claim | paper | metric | effect | 95% CI | seeds | verdict | figure |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in doc["claims"]:
+        if not e["cpu"]:
+            lines.append(f"| {e['id']}. {e['claim']} | {e['paper']} | – | – | – | – | not tested: {e['why']} | – |")
+            continue
+        fig = f"[{Path(e['figure']).name}]({e['figure']})" if e.get("figure") else "–"
+        lines.append(
+            f"| {e['id']}. {e['claim']} | {e['paper']} | {e['metric']} | {_fmt(e['effect'])} | "
+            f"[{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] | {e['seeds']} | **{e['verdict']}** | {fig} |"
+        )
+    lines += ["", "## Parts of each claim", ""]
+    for e in doc["claims"]:
+        if not e["cpu"]:
+            continue
+        lines.append(f"**Claim {e['id']}** ({e['verdict']}): {e['claim']}")
+        for p in e["parts"]:
+            b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
+            lines.append(
+                f"- {p['a']} vs {b} on `{p['metric']}` ({p['rule']['kind']}, margin {p['rule'].get('margin', 0)}): "
+                f"effect {_fmt(p['effect'])}, {p['why']}, P(A>B) {_fmt(p['prob_a_better'], 2)}, "
+                f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict']}"
+            )
+        mism = ", ".join(f"{a} {_fmt(v['mismatch_abs_mean'], 2)}" for a, v in e["arms"].items())
+        lines.append(f"- step-1 mean |π−μ| per arm: {mism}")
+        for f in e.get("figures", []):
+            lines.append(f"- figure: [{f}]({f})")
+        lines.append("")
+    if len(failed):
+        lines += ["## Failed runs", "", "| arm | seed | error |", "|---|---|---|"]
+        lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""The findings suite: run a calibrated set of CPU experiments, then turn them into one verdict per paper claim.
+
+    python -m analysis.suite                       # findings/suite.yaml: every run, then FINDINGS.md + findings.json
+    python -m analysis.suite --quick               # the suite's named `quick` subset (fewer arms and seeds)
+    python -m analysis.suite --report-only         # verdicts from the runs already on disk
+
+The suite file (findings/suite.yaml) holds the calibrated base setting, the arms (Hydra overrides), the seeds and,
+per claim, the comparisons and the rule that decides each one, written before any run. Runs are `run.py`
+processes, `jobs` at a time with one thread each, in findings/runs/<arm>/seed<k>; a run whose summary.json says
+completed is not run again, so an interrupted suite resumes where it stopped. A failed run is reported in
+FINDINGS.md with its error, the comparisons that needed it become inconclusive, and the exit code is non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
+
+
+@dataclass(frozen=True)
+class Job:
+    arm: str
+    seed: int
+    overrides: tuple[str, ...]
+    run_dir: Path
+
+
+@dataclass
+class Suite:
+    path: Path
+    base: list[str]
+    arms: dict[str, list[str]]
+    seeds: list[int]
+    claims: list[dict[str, Any]]
+    quick: dict[str, Any] = field(default_factory=dict)
+    jobs: int = 2
+
+    @classmethod
+    def load(cls, path: Path) -> Suite:
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise SystemExit(f"error: {path}: {e}") from e
+        missing = [k for k in ("base", "arms", "seeds", "claims") if k not in raw]
+        if missing:
+            raise SystemExit(f"error: {path}: missing key(s) {', '.join(missing)}")
+        suite = cls(
+            path, list(raw["base"]), {k: list(v) for k, v in raw["arms"].items()}, list(raw["seeds"]),
+            list(raw["claims"]), dict(raw.get("quick") or {}), int(raw.get("jobs", 2)),
+        )  # fmt: skip
+        for claim in suite.claims:
+            for arm in claim_arms(claim):
+                if arm not in suite.arms:
+                    raise SystemExit(f"error: {path}: claim {claim['id']} names arm {arm!r}, not in arms")
+        for arm in suite.quick.get("arms", []):
+            if arm not in suite.arms:
+                raise SystemExit(f"error: {path}: quick.arms names {arm!r}, not in arms")
+        return suite
+
+    def selection(self, quick: bool) -> tuple[list[dict[str, Any]], list[int], list[str] | None]:
+        """The claims whose arms run, the seeds, and (quick) the arms to run: everything, or the `quick` subset."""
+        if not quick:
+            return self.claims, self.seeds, None
+        ids = set(self.quick.get("claims", []))
+        claims = [c for c in self.claims if c["id"] in ids]
+        return claims, list(self.quick.get("seeds", self.seeds)), self.quick.get("arms")
+
+    def jobs_for(
+        self, claims: Sequence[dict[str, Any]], seeds: Sequence[int], runs_dir: Path, only: list[str] | None = None
+    ) -> list[Job]:
+        wanted = {a for c in claims if c.get("cpu", True) for a in claim_arms(c)}
+        arms = sorted(wanted & set(only or wanted), key=list(self.arms).index)
+        return [
+            Job(arm, seed, (*self.base, *self.arms[arm], f"seed={seed}"), runs_dir / arm / f"seed{seed}")
+            for seed in seeds
+            for arm in arms
+        ]
+
+
+def claim_arms(claim: dict[str, Any]) -> list[str]:
+    """Every arm a claim compares or draws."""
+    arms = list(claim.get("arms", []))
+    for part in claim.get("parts", []):
+        arms += [part["a"]] + ([part["b"]] if isinstance(part.get("b"), str) else [])
+    return list(dict.fromkeys(arms))
+
+
+def run_status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def run_one(job: Job) -> tuple[Job, str, float]:
+    """One run.py process with one thread, from scratch (an unfinished earlier attempt is removed); its console
+    output goes to seed<k>.log beside the run directory."""
+    shutil.rmtree(job.run_dir, ignore_errors=True)
+    job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        sys.executable, str(ROOT / "run.py"), *job.overrides, "trainer.threads=1",
+        f"hydra.run.dir={job.run_dir}", "name=findings",
+    ]  # fmt: skip
+    t0 = time.time()
+    with open(job.run_dir.parent / f"seed{job.seed}.log", "w", encoding="utf-8") as out:
+        subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    return job, run_status(job.run_dir) or "failed", time.time() - t0
+
+
+def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
+    """Run what is not complete yet, `workers` at a time; one progress line per finished run."""
+    status = {j: "completed" for j in jobs if run_status(j.run_dir) == "completed"}
+    todo = [j for j in jobs if j not in status]
+    print(f"findings: {len(jobs)} runs, {len(status)} already complete, {len(todo)} to run ({workers} at a time)")
+    t0, done = time.time(), 0
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for fut in as_completed([pool.submit(run_one, j) for j in todo]):
+            job, st, secs = fut.result()
+            status[job] = st
+            done += 1
+            elapsed = time.time() - t0
+            left = elapsed / done * (len(todo) - done)
+            print(
+                f"[{done}/{len(todo)}] {job.arm} seed {job.seed}: {st} in {secs:.0f} s "
+                f"(elapsed {elapsed / 60:.1f} min, ~{left / 60:.1f} min left)",
+                flush=True,
+            )
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    from analysis.findings import write_report
+
+    p = argparse.ArgumentParser(prog="python -m analysis.suite", description=__doc__.splitlines()[0])
+    p.add_argument("--suite", type=Path, default=DEFAULT_SUITE)
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: the suite file's folder)")
+    p.add_argument("--quick", action="store_true", help="the suite's `quick` subset")
+    p.add_argument("--jobs", type=int, default=None, help="parallel one-thread runs (default: the suite's)")
+    p.add_argument("--report-only", action="store_true", help="no runs: verdicts from what is on disk")
+    args = p.parse_args(argv)
+    suite = Suite.load(args.suite)
+    out = args.out or suite.path.parent
+    claims, seeds, only = suite.selection(args.quick)
+    jobs = suite.jobs_for(claims, seeds, out / "runs", only)
+    t0 = time.time()
+    ran = {} if args.report_only else run_jobs(jobs, args.jobs or suite.jobs)
+    wall = time.time() - t0
+    # The report covers every claim and every run on disk: a quick pass leaves the other claims inconclusive (no
+    # runs), and a full pass after it reuses the quick runs.
+    every = suite.jobs_for(suite.claims, suite.seeds, out / "runs")
+    every += [j for j in jobs if j not in every]
+    status = {j: ran.get(j) or run_status(j.run_dir) or "not run" for j in every}
+    failed = write_report(suite, suite.claims, every, status, out, wall_s=wall, quick=args.quick)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""Per-run numbers -> an effect between two arms, its 95% confidence interval, and a verdict by a rule fixed in
+advance (findings/suite.yaml). Pure functions over plain arrays: the findings suite and its tests share them.
+
+Statistics follow Agarwal et al. 2021 ("Deep RL at the edge of the statistical precipice"), with scipy rather
+than rliable: the effect is the difference of interquartile means (IQM, `scipy.stats.trim_mean(x, 0.25)`; with
+fewer than 4 seeds nothing is trimmed and it is the mean), its interval a stratified percentile bootstrap
+(`scipy.stats.bootstrap` resamples each arm's seeds independently), and P(A > B) the Mann-Whitney probability
+of improvement (pairs of seeds, ties count half).
+
+Rules (`Rule.kind`):
+- `greater`: the claim says arm A scores higher than B. Reproduced when the interval lies above `margin`,
+  contradicted when it lies below `-margin`, otherwise inconclusive.
+- `less`: the mirror image.
+- `noninferior`: the claim says A is at least as good as B. Reproduced when the interval lies above `-margin`,
+  contradicted when it lies below `-margin`, otherwise inconclusive.
+- `equivalent`: the claim says A ~ B. Reproduced when the whole interval lies inside [-margin, margin],
+  contradicted when it lies entirely outside it, otherwise inconclusive.
+A comparison with a missing or failed arm, or fewer than `min_seeds` finished seeds in either arm, is inconclusive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE)
+RULE_KINDS = ("greater", "less", "equivalent", "noninferior")
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # one of RULE_KINDS
+    margin: float = 0.0  # the smallest effect that counts (greater/less) or the equivalence band (equivalent)
+    min_seeds: int = 3
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise ValueError(f"rule.kind: {self.kind!r} is not one of {', '.join(RULE_KINDS)}")
+        if not (self.margin >= 0 and np.isfinite(self.margin)):
+            raise ValueError(f"rule.margin: must be a finite number >= 0, got {self.margin!r}")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    effect: float  # IQM(A) - IQM(B)
+    ci_low: float
+    ci_high: float
+    prob_a_better: float  # P(A > B) over pairs of seeds
+    seeds: tuple[int, int]  # finished seeds in A, in B
+    verdict: str
+    why: str  # one line: how the rule decided
+
+
+def iqm(x: Sequence[float]) -> float:
+    return float(stats.trim_mean(np.asarray(x, dtype=float), 0.25))
+
+
+def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> float:
+    """P(X > Y) + P(X = Y) / 2 for X from `a`, Y from `b`: Mann-Whitney's U divided by the number of pairs."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    u = stats.mannwhitneyu(a, b, alternative="two-sided").statistic
+    return float(u / (len(a) * len(b)))
+
+
+def effect_interval(
+    a: Sequence[float], b: Sequence[float], resamples: int = 5000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(IQM(a) - IQM(b), 95% lower, 95% upper) by a stratified percentile bootstrap over each arm's seeds."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    effect = iqm(a) - iqm(b)
+    if np.ptp(np.concatenate([a, b])) == 0:  # every seed equal: the bootstrap has nothing to resample
+        return effect, effect, effect
+    res = stats.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: stats.trim_mean(x, 0.25, axis=axis) - stats.trim_mean(y, 0.25, axis=axis),
+        n_resamples=resamples,
+        confidence_level=0.95,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
+    return effect, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def compare(a: Sequence[float] | None, b: Sequence[float] | None, rule: Rule) -> Comparison:
+    """Apply `rule` to arm A's and arm B's per-seed values (NaN = a failed or missing run, dropped)."""
+    a_ok = [float(v) for v in (a or []) if np.isfinite(v)]
+    b_ok = [float(v) for v in (b or []) if np.isfinite(v)]
+    seeds = (len(a_ok), len(b_ok))
+    if min(seeds) < rule.min_seeds:
+        why = f"needs {rule.min_seeds} finished seeds per arm, has {seeds[0]} and {seeds[1]}"
+        nan = float("nan")
+        effect = iqm(a_ok) - iqm(b_ok) if min(seeds) > 0 else nan
+        return Comparison(effect, nan, nan, nan, seeds, INCONCLUSIVE, why)
+    effect, lo, hi = effect_interval(a_ok, b_ok)
+    verdict, why = decide(lo, hi, rule)
+    return Comparison(effect, lo, hi, probability_of_improvement(a_ok, b_ok), seeds, verdict, why)
+
+
+def decide(lo: float, hi: float, rule: Rule) -> tuple[str, str]:
+    """The verdict for a 95% interval [lo, hi] of the effect A - B."""
+    m = rule.margin
+    interval = f"95% CI [{lo:.3g}, {hi:.3g}]"
+    if rule.kind == "equivalent":
+        if -m <= lo and hi <= m:
+            return REPRODUCED, f"{interval} inside ±{m:g}"
+        if lo > m or hi < -m:
+            return CONTRADICTED, f"{interval} outside ±{m:g}"
+        return INCONCLUSIVE, f"{interval} overlaps the edge of ±{m:g}"
+    if rule.kind == "noninferior":
+        if lo > -m:
+            return REPRODUCED, f"{interval} above -{m:g}"
+        if hi < -m:
+            return CONTRADICTED, f"{interval} below -{m:g}"
+        return INCONCLUSIVE, f"{interval} reaches below -{m:g}"
+    sign = 1.0 if rule.kind == "greater" else -1.0
+    lo_s, hi_s = sorted((sign * lo, sign * hi))
+    side = ">" if sign > 0 else "<"
+    if lo_s > m:
+        return REPRODUCED, f"{interval} {side} {sign * m:g}"
+    if hi_s < -m:
+        return CONTRADICTED, f"{interval} on the other side of {-sign * m:g}"
+    return INCONCLUSIVE, f"{interval} does not clear {sign * m:g}"
+
+
+def combine(verdicts: Sequence[str]) -> str:
+    """A claim with several parts: contradicted if any part is, reproduced if every part is, else inconclusive."""
+    if not verdicts:
+        return INCONCLUSIVE
+    if CONTRADICTED in verdicts:
+        return CONTRADICTED
+    if all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    return INCONCLUSIVE

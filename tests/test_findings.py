@@ -1,0 +1,114 @@
+"""The findings suite's statistics and verdicts, on synthetic run directories with planted effects."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from analysis import suite as suite_mod
+from analysis.verdicts import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    REPRODUCED,
+    Rule,
+    compare,
+    decide,
+    iqm,
+    probability_of_improvement,
+)
+
+SEEDS = [0, 1, 2]
+
+
+def write_run(run_dir: Path, rewards: list[float], final_eval: float, status: str = "completed") -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for step, r in enumerate(rewards, start=1):
+            f.write(json.dumps({"step": step, "reward/mean": r, "mismatch/abs_prob_diff_mean": 0.01,
+                                "mismatch/abs_prob_diff_max": 0.6, "rollout/entropy": 1.0}) + "\n")  # fmt: skip
+    with open(run_dir / "eval.jsonl", "w") as f:
+        f.write(json.dumps({"step": 0, "avg@1": 0.2}) + "\n")
+        f.write(json.dumps({"step": len(rewards), "avg@1": final_eval}) + "\n")
+    summary = {"status": status, "error": None if status == "completed" else "RuntimeError: boom"}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def make_suite(tmp_path: Path, arms: dict[str, list[float]], failed: tuple[str, int] | None = None) -> Path:
+    """Arms with a per-seed final eval; reward curves flat at that value. Returns the suite file."""
+    for arm, finals in arms.items():
+        for seed, value in zip(SEEDS, finals, strict=True):
+            status = "failed" if failed == (arm, seed) else "completed"
+            write_run(tmp_path / "runs" / arm / f"seed{seed}", [value] * 8, value, status)
+    suite = {
+        "base": ["rollout=hf"],
+        "seeds": SEEDS,
+        "arms": {arm: [f"objective={arm}"] for arm in arms},
+        "claims": [
+            {"id": 1, "claim": "A beats B", "paper": "Fig. X", "parts": [
+                {"a": "a", "b": "b", "metric": "final_eval", "rule": {"kind": "greater", "margin": 0.02}}]},
+            {"id": 2, "claim": "A ~ C", "paper": "Fig. Y", "parts": [
+                {"a": "a", "b": "c", "metric": "final_eval", "rule": {"kind": "equivalent", "margin": 0.1}}]},
+            {"id": 5, "claim": "at scale", "paper": "Fig. 8", "cpu": False, "why": "needs 30B"},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def report(path: Path) -> dict:
+    code = suite_mod.main(["--suite", str(path), "--report-only"])
+    doc = json.loads((path.parent / "findings.json").read_text())
+    doc["exit_code"] = code
+    return {**doc, "by_id": {c["id"]: c for c in doc["claims"]}}
+
+
+def test_planted_effect_is_found_and_equivalence_holds(tmp_path):
+    doc = report(make_suite(tmp_path, {"a": [0.50, 0.55, 0.60], "b": [0.10, 0.12, 0.09], "c": [0.52, 0.55, 0.57]}))
+    one, two = doc["by_id"][1], doc["by_id"][2]
+    assert one["verdict"] == REPRODUCED
+    assert one["effect"] == pytest.approx(0.55 - (0.10 + 0.12 + 0.09) / 3)  # means: nothing is trimmed at 3 seeds
+    assert one["ci_low"] > 0.02 and one["ci_high"] >= one["effect"] >= one["ci_low"]
+    assert one["seeds"] == 3 and one["parts"][0]["prob_a_better"] == 1.0
+    assert one["arms"]["a"]["mismatch_abs_mean"] == pytest.approx(0.01)  # the step-1 mismatch is recorded
+    assert two["verdict"] == REPRODUCED
+    assert doc["by_id"][5]["verdict"] == "not tested"
+    assert doc["exit_code"] == 0
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert "| 1. A beats B | Fig. X | final_eval |" in md and "**reproduced**" in md
+
+
+def test_no_effect_is_inconclusive_and_a_reversed_one_contradicted(tmp_path):
+    same = report(make_suite(tmp_path / "same", {"a": [0.5, 0.6, 0.4], "b": [0.45, 0.62, 0.5], "c": [0.5, 0.6, 0.4]}))
+    assert same["by_id"][1]["verdict"] == INCONCLUSIVE
+    rev = report(make_suite(tmp_path / "rev", {"a": [0.1, 0.12, 0.09], "b": [0.5, 0.55, 0.6], "c": [0.9, 0.9, 0.95]}))
+    assert rev["by_id"][1]["verdict"] == CONTRADICTED
+    assert rev["by_id"][2]["verdict"] == CONTRADICTED  # far outside the equivalence band
+
+
+def test_a_failed_run_makes_its_claims_inconclusive_and_the_suite_fail(tmp_path):
+    doc = report(make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]}, ("a", 1)))
+    assert doc["by_id"][1]["verdict"] == INCONCLUSIVE and doc["by_id"][2]["verdict"] == INCONCLUSIVE
+    assert doc["by_id"][1]["arms"]["a"]["failed"] == [{"seed": 1, "error": "RuntimeError: boom"}]
+    assert doc["exit_code"] == 1 and doc["failed_runs"] == 1
+    assert "RuntimeError: boom" in (tmp_path / "FINDINGS.md").read_text()
+
+
+def test_statistics_match_hand_values():
+    assert iqm([1, 2, 3, 4, 100, 5, 6, 7]) == pytest.approx(np.mean([3, 4, 5, 6]))  # the middle half of 8
+    # pairs (a > b): 3 > 1, 3 > 2, 2 > 1, and 2 = 2 counts half: 3.5 of 4
+    assert probability_of_improvement([3, 2], [1, 2]) == pytest.approx(3.5 / 4)
+    r = Rule("greater", margin=0.1)
+    assert decide(0.2, 0.5, r)[0] == REPRODUCED
+    assert decide(0.05, 0.5, r)[0] == INCONCLUSIVE  # the interval reaches below the margin
+    assert decide(-0.5, -0.2, r)[0] == CONTRADICTED
+    assert decide(-0.5, -0.2, Rule("less", margin=0.1))[0] == REPRODUCED
+    assert decide(-0.05, 0.3, Rule("noninferior", margin=0.1))[0] == REPRODUCED  # at worst 0.05 below: within 0.1
+    assert decide(-0.3, 0.3, Rule("noninferior", margin=0.1))[0] == INCONCLUSIVE
+    assert decide(-0.5, -0.2, Rule("noninferior", margin=0.1))[0] == CONTRADICTED
+    assert compare([0.5, math.nan], [0.1, 0.2], Rule("greater")).verdict == INCONCLUSIVE  # 1 finished seed < 3
