@@ -135,7 +135,10 @@ class HFEngine:
 
     # --- teacher forcing ---
     def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] float32 log-probs of each response token under this engine's weights; 0 past each response."""
+        """[B, T] float32 log-probs of each response token under this engine's weights; 0 past each response.
+
+        Teacher forcing never adds `logit_noise` (that noise is a property of sampling); a quantised copy does
+        score with its rounded weights and activations."""
         if len(prompts) != len(responses) or any(len(r) == 0 for r in responses):
             raise ValueError("score: need one non-empty response per prompt")
         if not temperature > 0:
