@@ -7,5 +7,5 @@ WANDB_MODE=offline OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=/work/wt-calib
   -o /tmp/calib_runs/$name.cpu.txt /work/main/.venv/bin/python run.py \
   rollout=hf logger=none trainer.threads=1 rollout.threads=1 trainer.checkpoint_every=0 \
   trainer.prompts_per_step=16 trainer.group_size=8 trainer.minibatches=8 \
-  trainer.total_steps=120 trainer.eval_every=40 eval.n=2 \
+  trainer.total_steps=80 trainer.eval_every=40 eval.n=2 \
   hydra.run.dir=/tmp/calib_runs/$name "$@" > /tmp/calib_runs/$name.log 2>&1
