@@ -80,7 +80,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    name: Literal["fp32", "bf16", "fp8_rollout", "fp8_e2e"] = field(
+    name: Literal["fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout"] = field(
         default="fp32", metadata={"help": "rollout copy and training precision (DESIGN.md precision table)"}
     )
 
@@ -98,6 +98,14 @@ class RolloutConfig:
             "help": "who supplies the behaviour log-probs mu: the rollout engine (the papers' anchor), or, with "
             "'trainer', the step's mu are recomputed by the trainer before the first update, so pi = mu at the "
             "first mini-batch (DPPO Fig. 3's 'No mismatch' reference)"
+        },
+    )
+    logit_noise: float = field(
+        default=0.0,
+        metadata={
+            "ge": 0,
+            "help": "HF engine: sample from (and report mu of) logits + N(0, sigma^2) per vocabulary entry; a "
+            "weight-independent training-inference mismatch of known size (0 = off)",
         },
     )
     max_topk: int = field(
@@ -153,6 +161,15 @@ class DataConfig:
     mul_max: int = field(default=99, metadata={"ge": 2, "help": "arith: largest factor (products <= 999)"})
     n_eval: int = field(default=600, metadata={"ge": 3, "help": "arith: held-out problems (balanced by kind)"})
     seed: int = field(default=0, metadata={"help": "arith: problem split seed"})
+    pool_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "arith: a pass-rate file (python -m harness.tasks.pool); train only on problems whose "
+            "warm-start pass rate lies in [pool_min, pool_max] (DPPO's sanity-style pool); null = every problem"
+        },
+    )
+    pool_min: float = field(default=0.0, metadata={"ge": 0, "le": 1, "help": "arith pool: lowest pass rate kept"})
+    pool_max: float = field(default=1.0, metadata={"ge": 0, "le": 1, "help": "arith pool: highest pass rate kept"})
 
 
 @dataclass(frozen=True)
@@ -387,6 +404,13 @@ def _check_combinations(run: RunConfig) -> None:
             f"rollout.max_topk: {run.rollout.max_topk} is smaller than objective.topk = {run.objective.topk} "
             f"({run.objective.name} needs K = {run.objective.topk} log-probs per token)"
         )
+    if run.rollout.engine != "hf" and run.precision.name in ("w8a8_rollout", "w4a4_rollout", "w3a8_rollout"):
+        raise ValueError(
+            f"precision.name: {run.precision.name} quantises the rollout copy's activations, which only rollout=hf "
+            "simulates; use rollout=hf"
+        )
+    if run.rollout.engine != "hf" and run.rollout.logit_noise > 0:
+        raise ValueError("rollout.logit_noise: only rollout=hf adds logit noise; use rollout=hf or logit_noise=0")
     path = run.model.path
     if path is not None and path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
         raise ValueError(

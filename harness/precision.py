@@ -6,6 +6,14 @@
 | bf16        | bf16 weights                         | bf16 autocast, fp32 master weights        |
 | fp8_rollout | bf16 + e4m3 weights (fake-quant)     | bf16 autocast                             |
 | fp8_e2e     | as fp8_rollout                       | bf16 autocast + fp8 linears (fake-quant)  |
+| w8a8_rollout| int8 weights + int8 activations      | fp32                                      |
+| w4a4_rollout| int4 weights + int4 activations      | fp32                                      |
+| w3a8_rollout| int3 weights + int8 activations      | fp32                                      |
+
+The `w*a*_rollout` rows (harness.quant) round the rollout copy's Linear inputs per token as well as its weights,
+so the engine's error depends on each input and grows with the policy's range, while training stays fp32 (cheap
+on CPU). They exist to give the tiny model the training-inference mismatch the papers see at scale; HF engine
+only (vLLM CPU has no activation-quantised path to mirror them).
 
 On CPU fp8 is simulated: quantize to float8_e4m3fn with amax scaling, then dequantize. The rounding error is
 the one a real fp8 kernel sees; the speed is not. On a GPU, vLLM's own `quantization="fp8"` replaces the
@@ -20,6 +28,7 @@ embedding are not quantized), so the CPU simulation and the GPU path quantize th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,7 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PRECISIONS = ("fp32", "bf16", "fp8_rollout", "fp8_e2e")
+from harness.quant import QuantSpec, quantize_state_dict
+
+PRECISIONS = ("fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout")
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -47,6 +58,8 @@ class Precision:
     """autocast dtype for the trainer's forward/backward; None = plain fp32"""
     train_fp8: bool
     """fp8 quantize-dequantize of linear weights and inputs in the trainer (`wrap_fp8_linears`)"""
+    rollout_quant: QuantSpec | None = None
+    """weights and activations the rollout copy rounds (harness.quant); HF engine only"""
 
 
 _TABLE = {
@@ -56,6 +69,15 @@ _TABLE = {
         "fp8_rollout", torch.bfloat16, rollout_fp8=True, train_autocast=torch.bfloat16, train_fp8=False
     ),
     "fp8_e2e": Precision("fp8_e2e", torch.bfloat16, rollout_fp8=True, train_autocast=torch.bfloat16, train_fp8=True),
+    # Quantised rollout copies (harness.quant), fp32 training: the calibrated mismatch sources.
+    **{
+        name: Precision(name, torch.float32, False, None, False, rollout_quant=QuantSpec(weights=w, activations=a))
+        for name, w, a in (
+            ("w8a8_rollout", "int8", "int8"),
+            ("w4a4_rollout", "int4", "int4"),
+            ("w3a8_rollout", "int3", "int8"),
+        )
+    },
 }
 
 
@@ -104,7 +126,10 @@ def fp8_fake_quant_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[st
 
 def rollout_weight_transform(precision: str) -> StateDictTransform | None:
     """What `sync_weights` applies to trainer weights before copying them into a CPU rollout engine."""
-    return fp8_fake_quant_state_dict if get(precision).rollout_fp8 else None
+    spec = get(precision)
+    if spec.rollout_quant is not None:
+        return functools.partial(quantize_state_dict, spec=spec.rollout_quant)
+    return fp8_fake_quant_state_dict if spec.rollout_fp8 else None
 
 
 def vllm_kwargs(precision: str, device: str) -> dict[str, str]:

@@ -82,7 +82,7 @@ def test_joblib_sweep_isolates_a_failed_job(tmp_path, small_model):
     assert failed["status"] == "failed" and "\n" not in failed["error"]
     assert failed["error"].startswith(f"folder '{not_a_model}' is not a loadable model")
     # train() raised it after its RunLog started: what train() wrote is kept, the traceback reaches into train().
-    assert failed["objective"] == "dppo" and "harness/train.py" in failed["traceback"]
+    assert failed["objective"] == "dppo" and "harness/loop/state.py" in failed["traceback"]
 
 
 def test_joblib_workers_get_one_thread_each():

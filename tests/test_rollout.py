@@ -347,7 +347,7 @@ def test_mismatch_grows_fp32_bf16_fp8(model_dir: str, hf_engine: HFEngine, train
 def test_unknown_engine_or_precision(model_dir: str) -> None:
     with pytest.raises(ValueError, match="allowed: hf, vllm"):
         make_engine("sglang", model_dir, "fp32", seed=0, max_model_len=128)
-    with pytest.raises(ValueError, match="allowed: fp32, bf16, fp8_rollout, fp8_e2e"):
+    with pytest.raises(ValueError, match="allowed: fp32, bf16, fp8_rollout, fp8_e2e, w8a8_rollout"):
         make_engine("hf", model_dir, "fp16", seed=0, max_model_len=128)
 
 

@@ -37,8 +37,13 @@ def make_engine(kind: str, model_path: str, precision: str, seed: int, max_model
             seed,
             max_model_len=max_model_len,
             device=device,
+            quant=spec.rollout_quant,
             **kw,
         )
+    if spec.rollout_quant is not None:
+        raise ValueError(f"precision.name: {precision} quantises activations, which only rollout=hf simulates")
+    if kw.pop("logit_noise", 0.0):
+        raise ValueError("rollout.logit_noise: only rollout=hf adds logit noise")
     from harness.rollout.vllm import VLLMEngine
 
     vllm_kw = precisions.vllm_kwargs(precision, device)
@@ -72,4 +77,5 @@ def engine_from_config(rollout: Any, model_path: str, precision: str, seed: int,
         cpu_threads=rollout.threads,
         tensor_parallel_size=rollout.tensor_parallel_size,
         sleep=rollout.sleep,
+        logit_noise=rollout.logit_noise,
     )

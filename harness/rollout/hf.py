@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from harness.precision import StateDictTransform
+from harness.quant import QuantSpec, quantize_model
 from harness.rollout.base import (
     Rollout,
     assemble_rollout,
@@ -42,6 +43,8 @@ class HFEngine:
         max_model_len: int | None = None,
         max_topk: int = 20,
         device: str = "cpu",
+        quant: QuantSpec | None = None,
+        logit_noise: float = 0.0,
     ) -> None:
         self.tokenizer, eos, self.pad_id = load_tokenizer(model_path)
         self.eos_ids = torch.tensor(eos, device=device)
@@ -50,6 +53,10 @@ class HFEngine:
         load_dtype = torch.float32 if weight_transform is not None else dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype).to(device).eval()
         self.model.requires_grad_(False)
+        if quant is not None:  # a W8A8-style copy: Linear inputs rounded per token at every forward (harness.quant)
+            quantize_model(self.model, quant)
+        if logit_noise < 0:
+            raise ValueError(f"rollout.logit_noise must be >= 0, got {logit_noise}")
         # A clean generation config: a checkpoint's own (top_k=20, repetition_penalty, ...) must not leak into
         # sampling, or the returned log-probs would no longer be those of the sampling distribution.
         self.model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=self.pad_id)
@@ -58,6 +65,7 @@ class HFEngine:
         self.max_model_len = max_model_len
         self.max_topk = max_topk
         self.device = torch.device(device)
+        self.logit_noise = logit_noise
         self._calls = 0
         if weight_transform is not None:
             self.sync_weights(self.model.state_dict())
@@ -101,7 +109,9 @@ class HFEngine:
             pad_token_id=self.pad_id,
         )
         # A private RNG stream: sampling neither depends on nor advances the trainer's global RNG.
-        sampler = _SampleAndRecord(temperature, topk, torch.Generator(self.device).manual_seed(seed), top_p)
+        sampler = _SampleAndRecord(
+            temperature, topk, torch.Generator(self.device).manual_seed(seed), top_p, logit_noise=self.logit_noise
+        )
         with torch.no_grad():
             sequences = self.model.generate(
                 input_ids=input_ids,
@@ -126,7 +136,10 @@ class HFEngine:
 
     # --- teacher forcing ---
     def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
-        """[B, T] float32 log-probs of each response token under this engine's weights; 0 past each response."""
+        """[B, T] float32 log-probs of each response token under this engine's weights; 0 past each response.
+
+        Teacher forcing never adds `logit_noise` (that noise is a property of sampling); a quantised copy does
+        score with its rounded weights and activations."""
         if len(prompts) != len(responses) or any(len(r) == 0 for r in responses):
             raise ValueError("score: need one non-empty response per prompt")
         if not temperature > 0:
@@ -178,9 +191,12 @@ class _SampleAndRecord(LogitsProcessor):
     already finished get a token too; `generate` replaces it with padding and the rollout mask drops it.
     """
 
-    def __init__(self, temperature: float, k: int, generator: torch.Generator, top_p: float = 1.0) -> None:
+    def __init__(
+        self, temperature: float, k: int, generator: torch.Generator, top_p: float = 1.0, logit_noise: float = 0.0
+    ) -> None:
         self.temperature = temperature
         self.top_p = top_p
+        self.logit_noise = logit_noise
         self.k = k
         self.generator = generator
         self.logp: list[torch.Tensor] = []
@@ -188,7 +204,13 @@ class _SampleAndRecord(LogitsProcessor):
         self.topk_logp: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        lp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        logits = scores.float()
+        if self.logit_noise > 0:
+            # rollout.logit_noise: an engine that samples from (and reports) logits + N(0, sigma^2) per entry, a
+            # mismatch of known size that does not depend on the weights (unlike the quantised copies).
+            noise = torch.randn(logits.shape, generator=self.generator, device=logits.device, dtype=logits.dtype)
+            logits = logits + self.logit_noise * noise
+        lp = torch.log_softmax(logits / self.temperature, dim=-1)
         # Inverse CDF. float64 accumulation (as torch.multinomial's CPU kernel) keeps the CDF's steps exact down
         # to tail probabilities ~1e-16; right=True never lands on a zero-probability token (its step is empty).
         probs = lp.exp()

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.tasks.arith import ArithConfig, Problem, make_splits
 from harness.tasks.loaders import load_benchmark_file, load_dapo_math, load_math
+from harness.tasks.pool import filter_pool, load_pass_rates
 from harness.tasks.rlhf import load_hh_rlhf, load_ultrafeedback
 from harness.tasks.templates import render, render_turns
 
@@ -44,7 +45,11 @@ def load_training_set(data: Any) -> list[Problem]:
     """`data=arith`: the synthetic train split; `dapo_math` / `math_lvl3to5`: deduplicated, gradable problems
     from `data.path` (counts are logged)."""
     if data.name == "arith":
-        return make_splits(arith_config(data))[0]
+        train = make_splits(arith_config(data))[0]
+        if getattr(data, "pool_path", None):  # DPPO's sanity-style pool (harness.tasks.pool)
+            train = filter_pool(train, load_pass_rates(data.pool_path), data.pool_min, data.pool_max)
+            logger.info("data=arith pool %s: %d problems", data.pool_path, len(train))
+        return train
     if data.name == "dapo_math":
         keep = data.dapo_instruction == "keep"
         problems, counts = load_dapo_math(data.path, split=data.split, keep_instruction=keep)

@@ -1,0 +1,125 @@
+"""A lower-precision rollout copy, simulated on CPU: fake-quantised weights AND activations (W8A8-style).
+
+Why: the bf16 / fp8-weight emulations of `harness.precision` move the tiny model's log-probs by only
+~1e-4..5e-4 in mean |pi - mu| (max ~0.03), ten times below what the DPPO/DRPO papers measure at scale
+(~0.003-0.02, max >= 0.5). Rounding the activations as well as the weights, as an int8 / fp8 inference kernel
+does, adds an error that depends on the input (per token) and grows with the weights' and activations' range, so
+it moves as the policy moves, unlike a fixed noise. The trainer stays fp32; only the engine's copy is rounded.
+
+What is rounded, per `QuantSpec`:
+- every Linear weight except the output head, per output channel (at each weight sync, once);
+- the input of every Linear except the output head, per token (at each forward: the activation path);
+- optionally (`head=True`) the output head too: its weight per vocabulary row and its input per token. On a
+  tied-embedding model the head's weight is the embedding table, so the table is rounded where the head reads
+  it (the module's forward), never in the state dict: the embedding lookup keeps full precision.
+
+Formats: "int8" ... "int3" (symmetric, amax scaling: 2^(bits-1) - 1 levels each side) and "e4m3"
+(`precision.fp8_quantize_dequantize`). No straight-through gradients: the engine never trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_INT_LEVELS = {f"int{bits}": float(2 ** (bits - 1) - 1) for bits in range(8, 2, -1)}  # int8: 127 ... int3: 3
+FORMATS = (*_INT_LEVELS, "e4m3")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """What a quantised rollout copy rounds (module docstring)."""
+
+    weights: str
+    """format of Linear weights (per output channel)"""
+    activations: str | None
+    """format of Linear inputs (per token); None = activations stay in the copy's dtype"""
+    head: bool = False
+    """round the output head's weight and input too"""
+
+    def __post_init__(self) -> None:
+        for fmt in (self.weights, self.activations):
+            if fmt is not None and fmt not in FORMATS:
+                raise ValueError(f"quant format: unknown {fmt!r}; allowed: {', '.join(FORMATS)}")
+
+
+def quantize_dequantize(x: torch.Tensor, fmt: str, dim: int | None = -1) -> torch.Tensor:
+    """Round `x` to `fmt` with one amax scale per slice along `dim` (None: per tensor) and back, in x's dtype."""
+    if fmt == "e4m3":
+        from harness.precision import fp8_quantize_dequantize  # here: harness.precision imports this module
+
+        return fp8_quantize_dequantize(x, dim=dim)
+    if fmt not in _INT_LEVELS:
+        raise ValueError(f"quant format: unknown {fmt!r}; allowed: {', '.join(FORMATS)}")
+    levels = _INT_LEVELS[fmt]
+    xf = x.float()
+    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
+    scale = amax.clamp(min=1e-12) / levels
+    return ((xf / scale).round().clamp(-levels, levels) * scale).to(x.dtype)
+
+
+class QuantLinear(nn.Linear):
+    """nn.Linear whose input is rounded per token before the matmul (`quant_act`), and, when `quant_weight` is
+    set, whose weight is rounded per output channel at each forward (the output head, whose tied weight must stay
+    exact for the embedding lookup). Other Linear weights are rounded once per sync by `quantize_state_dict`."""
+
+    quant_act: str | None = None
+    quant_weight: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_act is not None:
+            x = quantize_dequantize(x, self.quant_act, dim=-1)
+        w = self.weight if self.quant_weight is None else quantize_dequantize(self.weight, self.quant_weight, dim=-1)
+        return F.linear(x, w, self.bias)
+
+
+def _head(model: nn.Module) -> nn.Module | None:
+    return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+
+def quantize_model(model: nn.Module, spec: QuantSpec) -> int:
+    """Make `model`'s Linear layers round their inputs (and the head its weight) per `spec`, in place.
+
+    Only the class and two attributes change: parameters, state_dict names and weight syncs stay as they were.
+    Returns how many layers were changed; calling it twice is harmless.
+    """
+    head = _head(model)
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        is_head = module is head
+        if is_head and not spec.head:
+            continue
+        if type(module) is nn.Linear:
+            module.__class__ = QuantLinear
+        module.quant_act = spec.activations
+        module.quant_weight = spec.weights if is_head else None
+        changed += 1
+    return changed
+
+
+def _is_body_weight(name: str, tensor: torch.Tensor) -> bool:
+    # Linear weights of the body: 2-D ".weight" tensors other than the embedding and the head.
+    return (
+        tensor.ndim == 2
+        and tensor.is_floating_point()
+        and name.endswith(".weight")
+        and "embed" not in name
+        and "lm_head" not in name
+    )
+
+
+def quantize_state_dict(state_dict: dict[str, torch.Tensor], spec: QuantSpec) -> dict[str, torch.Tensor]:
+    """The rollout copy's view of trainer weights: body Linear weights rounded per output channel.
+
+    Returns a new dict; other tensors (embedding, norms, head) are passed through, not copied.
+    """
+    with torch.no_grad():
+        return {
+            name: quantize_dequantize(t.detach(), spec.weights, dim=-1) if _is_body_weight(name, t) else t
+            for name, t in state_dict.items()
+        }

@@ -1,0 +1,38 @@
+"""data.pool_path: the sanity-style pool (harness.tasks.pool) filters the arith train split by measured pass rate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config import compose, validate
+from harness.tasks import load_problems, load_training_set
+from harness.tasks.pool import filter_pool, load_pass_rates
+
+
+def write_rates(tmp_path, rates: dict[str, float]):
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps({"model": "m", "samples": 4, "pass_rate": rates}))
+    return path
+
+
+def test_pool_keeps_problems_in_range(tmp_path) -> None:
+    full = load_training_set(validate(compose("logger=none")).data)
+    rates = {p.id: [0.0, 0.25, 0.5, 1.0][i % 4] for i, p in enumerate(full)}
+    path = write_rates(tmp_path, rates)
+    cfg = validate(compose("logger=none", f"data.pool_path={path}", "data.pool_min=0.2", "data.pool_max=0.8"))
+    train, held_out = load_problems(cfg.data, cfg.benchmark)
+    assert {p.id for p in train} == {pid for pid, r in rates.items() if 0.2 <= r <= 0.8}
+    assert len(train) == len(full) // 2
+    assert len(held_out) == 600  # the benchmark is never filtered
+
+
+def test_pool_errors(tmp_path) -> None:
+    with pytest.raises(ValueError, match="not a readable pass-rate file"):
+        load_pass_rates(tmp_path / "missing.json")
+    full = load_training_set(validate(compose("logger=none")).data)[:10]
+    with pytest.raises(ValueError, match="no training problem"):
+        filter_pool(full, {p.id: 0.0 for p in full}, 0.2, 0.8)
+    with pytest.raises(ValueError, match="pool_min <= pool_max"):
+        filter_pool(full, {}, 0.9, 0.1)
