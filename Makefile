@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers and vLLM from source, ~10 s per process, and the test suite starts over a hundred.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help install test test-fast run lint figures bench clean
+.PHONY: help install test test-fast run lint figures bench clean findings findings-quick
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -53,6 +53,14 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 	  $(PY) run.py -m +experiment=$$name hydra/launcher=joblib hydra.launcher.n_jobs=$(MINI_JOBS) \
 	  || failed="$$failed $$name"; done; \
 	if [ -n "$$failed" ]; then echo "mini-repro: failed:$$failed" >&2; exit 1; fi
+
+# The findings suite (findings/suite.yaml): runs two one-thread jobs at a time, skips runs already complete, then
+# writes findings/FINDINGS.md, findings/findings.json and findings/figures/. A failed run exits non-zero.
+findings: $(STAMP)  ## every claim of the CPU findings suite (~80 min on 2 quiet cores; resumable)
+	$(PY) -m analysis.suite
+
+findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, ~15 min); the same two files
+	$(PY) -m analysis.suite --quick
 
 # TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`.
 $(VENV)/.bench-extra: $(STAMP)

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from harness.train import model_dir
 
 from harness.batch import build_batch, policy_logprobs
 from harness.config import compose, validate
@@ -17,7 +18,6 @@ from harness.models import load_policy
 from harness.rollout import make_engine
 from harness.tasks import load_problems, render_prompts
 from harness.tasks.arith import balanced_sample
-from harness.train import model_dir
 
 # (precision, rollout.logit_noise) -> (lowest mean, highest mean, lowest max) of |pi - mu| at step 1, with margins
 # around the values measured on seeds 0-2 (findings/CALIBRATION.md, "Mismatch sources").

@@ -82,7 +82,7 @@ def test_no_mismatch_reference_recomputes_mu_with_the_trainer(tmp_path, small_mo
     """rollout.behavior=trainer (DPPO Fig. 3's "no mismatch" curve): pi = mu exactly before the first update."""
     summary, run_dir = run(
         tmp_path, *small_model, *FAST_TRAINER, "rollout=hf", "objective=pg_is", "trainer.total_steps=1",
-        "rollout.behavior=trainer",
+        "rollout.behavior=trainer", "precision=w4a4_rollout",
     )  # fmt: skip
     (row,) = read_jsonl(run_dir / "metrics.jsonl")
     assert row["mismatch/abs_prob_diff_max"] == 0.0 and row["mismatch/k3"] == 0.0

@@ -5,13 +5,13 @@ import random
 import sys
 
 import torch
+from harness.train import model_dir
 
 from harness.config import compose, validate
 from harness.quant import QuantSpec, quantize_model, quantize_state_dict
 from harness.rollout.hf import HFEngine
 from harness.tasks import load_problems, render_prompts
 from harness.tasks.arith import balanced_sample
-from harness.train import model_dir
 
 torch.set_num_threads(1)
 cfg = validate(compose("rollout=hf", "logger=none"))
