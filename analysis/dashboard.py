@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.loop.runlog import WandbSettings, resolve_wandb_mode
 
-# RunLog sets job_type = objective and group = experiment (harness/train.py wandb_settings).
+# RunLog sets job_type = objective and group = experiment (harness/loop/state.py wandb_settings).
 GROUP_BY = "JobType"
 EXPERIMENT_KEY = "Group"
 X_AXIS = "step"  # RunLog's own step metric: training lines and eval lines share it (W&B's _step does not)

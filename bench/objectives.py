@@ -15,7 +15,7 @@ not. Random prompts are sampled by harness's HF rollout engine with top-20 log-p
 rewards are random 0/1 per sequence, advantages Dr.GRPO, and the policy's weights are perturbed slightly so
 pi != mu and the trust regions have something to clip or mask.
 
-What is timed, per objective, is one mini-batch update exactly as harness/train.py runs it: ``policy_logprobs``
+What is timed, per objective, is one mini-batch update exactly as harness/loop/step.py runs it: ``policy_logprobs``
 (packed forward with grad; with the top-K gather when the objective needs it), the objective, ``aggregate``,
 ``zero_grad``, ``backward``, ``clip_grad_norm_`` and ``float()`` of every metric, the loss and the grad norm.
 The optimizer step is left out so every rep sees the same weights (AdamW costs the same for every objective).
@@ -101,7 +101,7 @@ def make_batch(model_path: Path, seed: int) -> TrainBatch:
 def update_run(
     policy: torch.nn.Module, obj: Objective, mb: TrainBatch, old_logp: torch.Tensor, horizon: float
 ) -> Callable[[], None]:
-    """One mini-batch update as harness/train.py does it, without the optimizer step."""
+    """One mini-batch update as harness/loop/step.py does it, without the optimizer step."""
     mb_old = old_logp if obj.needs_old else None
 
     def run() -> None:

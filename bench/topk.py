@@ -2,7 +2,7 @@
 
 Run: ``python -m bench.topk [--reps 20] [--warmup 1] [--threads 1] [--rows 256 1024]``
 
-What is timed is the loss path exactly as harness/train.py runs it for one mini-batch, from logits onwards:
+What is timed is the loss path exactly as harness/loop/step.py runs it for one mini-batch, from logits onwards:
 ``logprobs_entropy_topk`` over bf16 logits [B, T, V=151936] (with the rollout's top-K ids when the objective
 needs Top-K, so the same chunked pass also gathers K log-probs per token), then the objective, then
 ``aggregate`` (seq-mean-token-sum-norm, horizon T), ``float()`` of every metric and of the loss (the trainer's

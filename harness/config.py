@@ -164,7 +164,7 @@ class DataConfig:
     pool_path: str | None = field(
         default=None,
         metadata={
-            "help": "arith: a pass-rate file (python -m harness.tasks.pool); train only on problems whose "
+            "help": "arith: a pass-rate file (python -m harness.loop.pass_rates); train only on problems whose "
             "warm-start pass rate lies in [pool_min, pool_max] (DPPO's sanity-style pool); null = every problem"
         },
     )

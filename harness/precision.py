@@ -38,10 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.quant import QuantSpec, quantize_state_dict
+from harness.quant import QuantSpec, fp8_quantize_dequantize, quantize_state_dict
 
 PRECISIONS = ("fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout")
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
@@ -85,20 +84,6 @@ def get(name: str) -> Precision:
     if name not in _TABLE:
         raise ValueError(f"precision: unknown {name!r}; allowed: {', '.join(PRECISIONS)}")
     return _TABLE[name]
-
-
-def fp8_quantize_dequantize(x: torch.Tensor, dim: int | None = -1) -> torch.Tensor:
-    """Round `x` to e4m3 with amax scaling and back, in `x`'s dtype.
-
-    dim=-1: one scale per row (per output channel of a [out, in] weight, per token of an activation);
-    dim=None: one scale for the whole tensor. The clamp matters: casting a value above 448 to
-    float8_e4m3fn gives NaN (the format has no inf), and x * 448 / amax can round just past 448.
-    """
-    xf = x.float()
-    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
-    scale = amax.clamp(min=1e-12) / E4M3_MAX
-    q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return (q.float() * scale).to(x.dtype)
 
 
 def _is_quantized_weight(name: str, tensor: torch.Tensor) -> bool:

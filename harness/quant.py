@@ -14,7 +14,8 @@ What is rounded, per `QuantSpec`:
   it (the module's forward), never in the state dict: the embedding lookup keeps full precision.
 
 Formats: "int8" ... "int3" (symmetric, amax scaling: 2^(bits-1) - 1 levels each side) and "e4m3"
-(`precision.fp8_quantize_dequantize`). No straight-through gradients: the engine never trains.
+(`fp8_quantize_dequantize`, below; harness.precision uses it too). No straight-through gradients: the engine
+never trains.
 """
 
 from __future__ import annotations
@@ -46,11 +47,26 @@ class QuantSpec:
                 raise ValueError(f"quant format: unknown {fmt!r}; allowed: {', '.join(FORMATS)}")
 
 
+E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
+
+def fp8_quantize_dequantize(x: torch.Tensor, dim: int | None = -1) -> torch.Tensor:
+    """Round `x` to e4m3 with amax scaling and back, in `x`'s dtype.
+
+    dim=-1: one scale per row (per output channel of a [out, in] weight, per token of an activation);
+    dim=None: one scale for the whole tensor. The clamp matters: casting a value above 448 to
+    float8_e4m3fn gives NaN (the format has no inf), and x * 448 / amax can round just past 448.
+    """
+    xf = x.float()
+    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
+    scale = amax.clamp(min=1e-12) / E4M3_MAX
+    q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
 def quantize_dequantize(x: torch.Tensor, fmt: str, dim: int | None = -1) -> torch.Tensor:
     """Round `x` to `fmt` with one amax scale per slice along `dim` (None: per tensor) and back, in x's dtype."""
     if fmt == "e4m3":
-        from harness.precision import fp8_quantize_dequantize  # here: harness.precision imports this module
-
         return fp8_quantize_dequantize(x, dim=dim)
     if fmt not in _INT_LEVELS:
         raise ValueError(f"quant format: unknown {fmt!r}; allowed: {', '.join(FORMATS)}")

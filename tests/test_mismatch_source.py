@@ -10,10 +10,10 @@ import random
 
 import pytest
 import torch
-from harness.train import model_dir
 
 from harness.batch import build_batch, policy_logprobs
 from harness.config import compose, validate
+from harness.loop.state import model_dir
 from harness.models import load_policy
 from harness.rollout import make_engine
 from harness.tasks import load_problems, render_prompts

@@ -5,9 +5,9 @@ import random
 import sys
 
 import torch
-from harness.train import model_dir
 
 from harness.config import compose, validate
+from harness.loop.state import model_dir
 from harness.quant import QuantSpec, quantize_model, quantize_state_dict
 from harness.rollout.hf import HFEngine
 from harness.tasks import load_problems, render_prompts
