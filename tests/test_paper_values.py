@@ -38,7 +38,7 @@ def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def expected_arms(name: str) -> dict[str, dict[str, Any]]:
     """arm key (the job's overrides without the seed, sorted, comma-joined) -> every value the papers fix for it."""
     spec = VALUES["experiments"][name]
-    shared = {**VALUES["settings"][spec["setting"]], **spec.get("overrides", {})}
+    shared = {**VALUES["settings"].get(spec.get("setting"), {}), **spec.get("overrides", {})}
     if "arms_grid" in spec:
         axes = [[(k, v) for v in vs] for k, vs in spec["arms_grid"].items()]
         arms = {}
