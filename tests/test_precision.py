@@ -9,13 +9,8 @@ from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from harness import precision
-from harness.precision import (
-    E4M3_MAX,
-    Fp8Linear,
-    fp8_fake_quant_state_dict,
-    fp8_quantize_dequantize,
-    wrap_fp8_linears,
-)
+from harness.precision import Fp8Linear, fp8_fake_quant_state_dict, wrap_fp8_linears
+from harness.quant import E4M3_MAX, fp8_quantize_dequantize
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
