@@ -31,8 +31,10 @@ $(STAMP):
 
 install: $(STAMP)  ## create .venv and install (once)
 
+# Two pytest workers (pytest-xdist), a test file each at a time: the tests run one torch thread each, so two files
+# at once use both cores (one file at a time left one idle).
 test: $(STAMP)  ## install if needed, then run the test suite
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 test-fast: $(STAMP)  ## the fast tests only
 	$(PY) -m pytest -q -m "not slow" tests

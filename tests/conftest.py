@@ -42,6 +42,17 @@ FAST_TRAINER = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Build the small test model once, in the process that starts the session, before `pytest -n 2` (make test)
+    starts its workers: otherwise each worker would build it at the same time, on the same two cores."""
+    if hasattr(config, "workerinput") or config.option.collectonly or config.getoption("-n", None) in (None, 0):
+        return
+    from harness.config import validate
+    from harness.loop.state import model_dir
+
+    model_dir(validate(compose(*SMALL_MODEL)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Test models are tiny, and two OpenMP threads slow down ~15x when another process holds a core."""

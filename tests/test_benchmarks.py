@@ -274,7 +274,7 @@ class ScriptedEngine:
         self.texts, self.finished, self.max_model_len = texts, finished, max_model_len
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompts, n, max_new_tokens, topk=1, temperature=1.0, seed=None) -> Rollout:
+    def generate(self, prompts, n, max_new_tokens, topk=1, temperature=1.0, seed=None, top_p=1.0) -> Rollout:
         self.prompts = prompts
         b, t = len(prompts) * n, 3
         assert len(self.texts) == b

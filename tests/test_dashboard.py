@@ -86,7 +86,7 @@ def test_panel_keys_are_keys_the_harness_logs() -> None:
         emitted |= set(out.metrics)
     assert {k for k in keys if k.startswith("objective/")} <= emitted
     # The training loop's own keys appear literally in its source (train.py, advantages.py).
-    source = "".join(p.read_text() for p in (REPO / "harness").glob("*.py"))
+    source = "".join(p.read_text() for p in (REPO / "harness").rglob("*.py"))
     for key in keys - emitted:
         assert f'"{key}"' in source, key
 

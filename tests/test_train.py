@@ -85,7 +85,9 @@ def test_no_mismatch_reference_recomputes_mu_with_the_trainer(tmp_path, small_mo
         "rollout.behavior=trainer", "precision=w4a4_rollout",
     )  # fmt: skip
     (row,) = read_jsonl(run_dir / "metrics.jsonl")
-    assert row["mismatch/abs_prob_diff_max"] == 0.0 and row["mismatch/k3"] == 0.0
+    # What is left is the packing of one forward over the batch against one per mini-batch (fp32 round-off); the
+    # W4A4 engine's own mu differs from pi by ~0.1 at most on such a batch (test_mismatch_source).
+    assert row["mismatch/abs_prob_diff_max"] < 1e-5 and row["mismatch/k3"] < 1e-10
 
 
 def check_token_samples(run_dir, objective: str, trained_steps: set[int]) -> None:
