@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.quant import QuantSpec, fp8_quantize_dequantize, quantize_state_dict
+from harness.quant import QuantSpec, fp8_quantize_dequantize, is_body_weight, quantize_state_dict
 
 PRECISIONS = ("fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout")
 StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -86,17 +86,6 @@ def get(name: str) -> Precision:
     return _TABLE[name]
 
 
-def _is_quantized_weight(name: str, tensor: torch.Tensor) -> bool:
-    # Linear weights are the 2-D ".weight" tensors; embeddings and the LM head are 2-D too but stay unquantized.
-    return (
-        tensor.ndim == 2
-        and tensor.is_floating_point()
-        and name.endswith(".weight")
-        and "embed" not in name
-        and "lm_head" not in name
-    )
-
-
 def fp8_fake_quant_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The rollout copy's view of trainer weights under fp8: per-output-channel e4m3 round trip of linear weights.
 
@@ -104,7 +93,7 @@ def fp8_fake_quant_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[st
     """
     with torch.no_grad():
         return {
-            name: fp8_quantize_dequantize(t.detach(), dim=-1) if _is_quantized_weight(name, t) else t
+            name: fp8_quantize_dequantize(t.detach(), dim=-1) if is_body_weight(name, t) else t
             for name, t in state_dict.items()
         }
 

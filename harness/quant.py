@@ -118,7 +118,7 @@ def quantize_model(model: nn.Module, spec: QuantSpec) -> int:
     return changed
 
 
-def _is_body_weight(name: str, tensor: torch.Tensor) -> bool:
+def is_body_weight(name: str, tensor: torch.Tensor) -> bool:
     # Linear weights of the body: 2-D ".weight" tensors other than the embedding and the head.
     return (
         tensor.ndim == 2
@@ -136,6 +136,6 @@ def quantize_state_dict(state_dict: dict[str, torch.Tensor], spec: QuantSpec) ->
     """
     with torch.no_grad():
         return {
-            name: quantize_dequantize(t.detach(), spec.weights, dim=-1) if _is_body_weight(name, t) else t
+            name: quantize_dequantize(t.detach(), spec.weights, dim=-1) if is_body_weight(name, t) else t
             for name, t in state_dict.items()
         }

@@ -53,6 +53,16 @@ def pytest_configure(config: pytest.Config) -> None:
     model_dir(validate(compose(*SMALL_MODEL)))
 
 
+# The longest test files (minutes each on 2 cores): under `pytest -n 2 --dist loadfile` they are handed out first, so
+# the short files fill in around them instead of one long file running alone at the end.
+HEAVY_FIRST = ("test_faults.py", "test_distributed.py", "test_launchers.py", "test_train.py", "test_eval_mode.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Test models are tiny, and two OpenMP threads slow down ~15x when another process holds a core."""

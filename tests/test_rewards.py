@@ -113,6 +113,7 @@ def test_worker_thread_grades_like_the_main_thread():
     assert grade(completions, answers, workers=2).correct == main.correct
 
 
+@pytest.mark.serial  # a wall-clock bound: measured with no other test competing for the cores
 def test_pathological_input_is_cut_at_the_limit():
     completions = ["\\boxed{42}", BOMB, NESTED, DEEP_BRACES, "\\boxed{42}"]
     start = time.perf_counter()
@@ -165,6 +166,7 @@ ADVERSARIAL = {
 }
 
 
+@pytest.mark.serial  # a wall-clock bound: measured with no other test competing for the cores
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 def test_adversarial_completions_finish_within_the_limit(name):
     t0 = time.perf_counter()
