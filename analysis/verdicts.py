@@ -42,6 +42,8 @@ class Rule:
             raise ValueError(f"rule.kind: {self.kind!r} is not one of {', '.join(RULE_KINDS)}")
         if not (self.margin >= 0 and np.isfinite(self.margin)):
             raise ValueError(f"rule.margin: must be a finite number >= 0, got {self.margin!r}")
+        if self.min_seeds < 2:  # one seed has no spread: a bootstrap interval needs two or more per arm
+            raise ValueError(f"rule.min_seeds: must be >= 2, got {self.min_seeds!r}")
 
 
 @dataclass(frozen=True)

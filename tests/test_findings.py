@@ -112,3 +112,5 @@ def test_statistics_match_hand_values():
     assert decide(-0.3, 0.3, Rule("noninferior", margin=0.1))[0] == INCONCLUSIVE
     assert decide(-0.5, -0.2, Rule("noninferior", margin=0.1))[0] == CONTRADICTED
     assert compare([0.5, math.nan], [0.1, 0.2], Rule("greater")).verdict == INCONCLUSIVE  # 1 finished seed < 3
+    with pytest.raises(ValueError, match="rule.min_seeds"):  # one seed per arm has no interval
+        Rule("greater", min_seeds=1)
