@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from harness.loop.evaluate import fit_prompts
+
 TINY = "tiny"  # reward.model_path value that builds the tiny reward model on the policy's tokenizer
 MAX_CONFIG_BYTES = 10_000_000
 
@@ -285,13 +287,7 @@ def evaluate_rm(
 
     record: {"rm_score" (mean over all samples), "rm_score_std", "n_problems", "response_len_mean",
     "truncated_frac", "prompt_truncated_frac", "problems": [{"id", "kind", "n", "rm_score"}]}."""
-    prompts = [list(p) for p in prompt_ids]
-    limit = getattr(engine, "max_model_len", None)
-    n_cut = 0
-    if limit is not None and truncate_prompts:
-        room = limit - max_new_tokens
-        n_cut = sum(len(p) > room for p in prompts)
-        prompts = [p[-room:] if len(p) > room else p for p in prompts]
+    prompts, n_cut = fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
     ro = engine.generate(
         prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p
     )

@@ -93,7 +93,7 @@ def evaluate(
     `rewards.grade` (fallback pattern, time limit, workers). `truncate_prompts`: prompts longer than the
     engine's `max_model_len - max_new_tokens` keep their last tokens (counted in "prompt_truncated_frac");
     otherwise such a prompt is a ValueError."""
-    prompts, n_cut = _fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
+    prompts, n_cut = fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
     ro = engine.generate(
         prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p
     )
@@ -155,7 +155,7 @@ def evaluate(
     return record, samples
 
 
-def _fit_prompts(
+def fit_prompts(
     prompt_ids: Sequence[list[int]], max_model_len: int | None, max_new_tokens: int, truncate: bool
 ) -> tuple[list[list[int]], int]:
     prompts = [list(p) for p in prompt_ids]
