@@ -234,8 +234,8 @@ class TrainerConfig:
         default=3,
         metadata={
             "ge": 1,
-            "help": "consecutive skipped updates (non-finite loss or gradient) after which the run stops, failed, "
-            "with a checkpoint of the last good weights",
+            "help": "steps in a row with a skipped update (NaN/inf log-probs, loss or gradient) after which the run "
+            "stops, failed, with a checkpoint of the last good weights",
         },
     )
     checkpoint_pause_s: float = field(
@@ -245,6 +245,10 @@ class TrainerConfig:
     nan_at_steps: tuple[int, ...] = field(
         default=(),
         metadata={"help": "fault injection (tests, drills): every update of these steps gets a NaN loss"},
+    )
+    nan_logits_at_steps: tuple[int, ...] = field(
+        default=(),
+        metadata={"help": "fault injection (tests, drills): the model's logits are NaN in every update of these steps"},
     )
     tokens_per_eval: int = field(
         default=2000,

@@ -260,8 +260,30 @@ def test_consecutive_non_finite_updates_stop_the_run_with_the_last_good_weights(
     assert summary["status"] == "failed" and "NonFiniteError" in summary["error"]
     steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     last = steps[-1]
-    assert steps == list(range(1, last + 1)) and last >= 3  # 2 mini-batches per step: the third skip is step >= 3
+    # Steps, not updates, are counted (2 mini-batches a step): the third bad step is step 4 at the earliest.
+    assert steps == list(range(1, last + 1)) and last >= 4
+    assert "3 steps in a row" in summary["error"] and f"(step {last})" in summary["error"]
     # Checkpoints keep the newest two; the one before the stop already held the last good weights.
     good = load_file(run_dir / "checkpoints" / f"step_{last - 1}" / "model.safetensors")
     kept = load_file(run_dir / "checkpoints" / f"step_{last}" / "model.safetensors")
     assert all(torch_equal(good[k], kept[k]) for k in good)
+
+
+def test_nan_logits_from_the_model_skip_the_step_and_bad_steps_are_counted_in_a_row(tmp_path, small_model):
+    """A NaN from the model's own forward (not the loss) is skipped like a NaN loss; with 4 mini-batches one bad
+    step is one toward max_bad_steps, not four."""
+    from safetensors.torch import load_file
+
+    from harness.loop.step import NonFiniteError
+
+    common = [*small_model, *FAST_TRAINER, "rollout=hf", "objective=dppo", "trainer.checkpoint_every=1"]
+    common += ["trainer.prompts_per_step=8", "trainer.group_size=8", "trainer.minibatches=4", "trainer.max_bad_steps=2"]
+    summary, run_dir = run(tmp_path, *common, "trainer.total_steps=2", "trainer.nan_logits_at_steps=[2]")
+    assert summary["status"] == "completed"
+    rows = {r["step"]: r for r in read_jsonl(run_dir / "metrics.jsonl")}
+    assert rows[2]["optim/updates"] == 0 and rows[2]["optim/skipped_steps"] >= 2 and rows[1]["optim/updates"] >= 1
+    ckpt = run_dir / "checkpoints"
+    before, after = load_file(ckpt / "step_1" / "model.safetensors"), load_file(ckpt / "step_2" / "model.safetensors")
+    assert all(torch_equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
+    with pytest.raises(NonFiniteError, match=r"2 steps in a row .*\(step 3\)"):
+        run(tmp_path, *common, "trainer.total_steps=4", "trainer.nan_logits_at_steps=[2,3]", name="stopped")

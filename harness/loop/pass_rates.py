@@ -49,7 +49,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides selecting model/data (default: model=tiny)")
     args = parser.parse_args(argv)
 
-
     torch.set_num_threads(1)
     cfg = validate(compose("logger=none", *args.overrides))
     path = model_dir(cfg)

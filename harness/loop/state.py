@@ -67,8 +67,8 @@ class Run:
     tokens: TokenSamples | None = None  # rank 0's per-token sample (tokens.parquet)
     scorer: RewardModel | None = None  # rank 0's reward model (reward.kind=reward_model); rewards are broadcast
     done_steps: int = 0
-    skipped: int = 0  # updates skipped for a non-finite loss/gradient, in total
-    bad_streak: int = 0  # ... in a row
+    skipped: int = 0  # updates skipped for a NaN/inf from the model, the loss or the gradient, in total
+    bad_streak: int = 0  # steps in a row with a skipped update
     failed_saves: list[int] = field(default_factory=list)  # steps whose checkpoint could not be written
     best: float | None = None  # best evaluation score so far
     last_eval: dict[str, float] | None = None

@@ -10,16 +10,19 @@ world-th row of each mini-batch; `Run.pg` makes that the identity with one proce
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from harness.advantages import compute_advantages
 from harness.batch import TrainBatch, build_batch, policy_logprobs
+from harness.logprobs import LogProbOutput
 from harness.loop.diagnostics import rollout_metrics, zero_weight
 from harness.loop.state import Run, checkpoint, sync_weights
 from harness.loop.tokens import token_rows
@@ -33,12 +36,14 @@ BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.
 
 
 class NonFiniteError(RuntimeError):
-    """Too many consecutive updates had a NaN/inf loss or gradient; the last good weights are checkpointed."""
+    """Too many consecutive steps had a NaN/inf from the model, the loss or the gradient; the last good weights
+    are checkpointed."""
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
     """Roll out, score, update, sync; log the step's metrics row and return it."""
     t0 = time.time()
+    skipped_before = run.skipped
     problems, ro = rollout(run, step)
     t_rollout = time.time() - t0
 
@@ -74,6 +79,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         "samples": float(step * len(ro.texts)),
     }
     run.log.log(step, metrics)
+    stop_if_diverged(run, step, bad=run.skipped > skipped_before, good=updates > 0)
     return metrics
 
 
@@ -182,7 +188,6 @@ def update_minibatches(
         m, applied, sampled = update(
             run, step, MiniBatch(mb, mb_old, full_denominator, has_signal, any_signal), measuring, sample_tokens
         )
-        stop_if_diverged(run, step, rows_metrics)
         updates += applied
         sample_tokens = sample_tokens and not sampled
         rows_metrics.append(pg.mean_metrics(m))
@@ -195,7 +200,7 @@ def update(
     """One mini-batch: forward, objective, backward, AdamW step (skipped if the loss or gradient is not finite).
     Returns (metrics, whether the update was applied, whether tokens were sampled)."""
     cfg, t, b = run.cfg, run.cfg.trainer, mb.batch
-    with torch.set_grad_enabled(mb.any_signal):
+    with torch.set_grad_enabled(mb.any_signal), nan_logits(run.policy, step in t.nan_logits_at_steps):
         lp = policy_logprobs(
             run.policy,
             b,
@@ -207,6 +212,10 @@ def update(
     if measuring:  # before the step's first update: the pure training-inference mismatch
         m.update(_mismatch(lp.logp.detach(), b))
     if not mb.any_signal:
+        return m, False, False
+    if run.pg.any(not _finite_inputs(lp, b, mb.old_logp)):  # a NaN/inf from the model: nothing to learn from
+        skip_update(run)
+        m.update({"optim/loss": math.nan, "optim/grad_norm": math.nan})
         return m, False, False
     out = run.objective(
         logp=lp.logp,
@@ -246,29 +255,60 @@ def apply_update(run: Run, loss: torch.Tensor) -> tuple[bool, torch.Tensor, torc
     loss = torch.tensor(pg.all_sum(float(loss.detach())))
     if torch.isfinite(loss) and torch.isfinite(grad_norm):
         run.optimizer.step()
-        run.bad_streak = 0
         if run.cfg.rollout.sync == "step":
             sync_weights(run)
         return True, loss, grad_norm
-    run.optimizer.zero_grad(set_to_none=True)  # weights and optimizer state stay as they were
-    run.skipped += 1
-    run.bad_streak += 1
+    skip_update(run)
     return False, loss, grad_norm
 
 
-def stop_if_diverged(run: Run, step: int, rows_metrics: list[dict[str, float]]) -> None:
-    """`trainer.max_bad_steps` skipped updates in a row end the run. The weights are the last good ones (nothing
-    bad was applied): keep them, and the step's metrics so far, so a resume or a post-mortem starts from what is
+def skip_update(run: Run) -> None:
+    """Weights and optimizer state stay as they were; the skip is counted (`optim/skipped_steps`)."""
+    run.optimizer.zero_grad(set_to_none=True)
+    run.skipped += 1
+
+
+def stop_if_diverged(run: Run, step: int, bad: bool, good: bool) -> None:
+    """`trainer.max_bad_steps` bad steps in a row (a step is bad when any of its updates was skipped; a step
+    without any update, for want of signal, neither breaks nor extends the streak) end the run. The weights are
+    the last good ones (nothing bad was applied): keep them, so a resume or a post-mortem starts from what is
     known to be sane."""
+    if bad:
+        run.bad_streak += 1
+    elif good:
+        run.bad_streak = 0
     limit = run.cfg.trainer.max_bad_steps
     if run.bad_streak < limit:
         return
-    run.log.log(step, {"optim/skipped_steps": float(run.skipped), **_mean_of(rows_metrics)})
     checkpoint(run, step)
     raise NonFiniteError(
-        f"{run.bad_streak} consecutive updates had a non-finite loss or gradient (step {step}); "
+        f"{run.bad_streak} steps in a row had a non-finite log-prob, loss or gradient (step {step}); "
         f"the last good weights are in checkpoints/step_{step} (trainer.max_bad_steps={limit})"
     )
+
+
+@contextlib.contextmanager
+def nan_logits(policy: torch.nn.Module, on: bool) -> Iterator[None]:
+    """`trainer.nan_logits_at_steps` (fault drills): the model's head outputs NaN, as an overflowing model would,
+    so the drill goes through the real forward, log-prob and skip path."""
+    if not on:
+        yield
+        return
+    handle = policy.get_output_embeddings().register_forward_hook(lambda _m, _i, out: out * math.nan)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _finite_inputs(lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None) -> bool:
+    """The model's outputs the objective reads (and the engine's mu), finite wherever the response mask is on."""
+    m = b.mask > 0
+    tensors = [lp.logp.detach(), b.behavior_logp, lp.entropy, old_logp]
+    ok = all(bool(torch.isfinite(x[m]).all()) for x in tensors if x is not None)
+    if lp.topk_logp is not None:  # -inf is a legitimate top-K log-prob far in the tail; NaN is not
+        ok = ok and not bool(torch.isnan(lp.topk_logp.detach()[m]).any())
+    return ok
 
 
 def minibatch_loss(
