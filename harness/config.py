@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import time
@@ -434,6 +435,7 @@ def _check_combinations(run: RunConfig) -> None:
     check_lora_config(run.model, run.precision.name)
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
+    _check_lengths(run)
     p = run.data.max_prompt_tokens
     if p is not None and p + t.max_new_tokens > run.model.max_model_len:
         raise ValueError(
@@ -444,6 +446,53 @@ def _check_combinations(run: RunConfig) -> None:
         raise ValueError(f"data.path: data={run.data.name} needs a local file or hub name")
     _check_data(run)
     _check_reward(run)
+
+
+def _check_lengths(run: RunConfig) -> None:
+    """Response lengths against the rollout's context, and that context against the model's own, read from its
+    config.json without loading weights."""
+    m = run.model
+    context = model_context(m)
+    if context is not None and m.max_model_len > context:
+        raise ValueError(
+            f"model.max_model_len: {m.max_model_len} exceeds the model's context of {context} positions "
+            f"(max_position_embeddings in {m.path}); use at most {context}"
+        )
+    room = f"; raise model.max_model_len (the model's context is {context})" if context else ""
+    for key, n in (
+        ("trainer.max_new_tokens", run.trainer.max_new_tokens),
+        ("eval.max_new_tokens", run.eval.max_new_tokens),
+    ):
+        if n is not None and n >= m.max_model_len:
+            raise ValueError(
+                f"{key}: {n} leaves no room for a prompt in model.max_model_len {m.max_model_len}; "
+                f"use at most {m.max_model_len - 1}{room if context and context > m.max_model_len else ''}"
+            )
+
+
+def model_context(m: ModelConfig) -> int | None:
+    """The model's position limit: the tiny model is built with model.max_model_len; a local folder or a hub id
+    in the local cache says it in config.json (read as JSON: no weights, not even transformers' import). None
+    when it cannot be read here (a hub id not cached, a run directory: checked where it is loaded)."""
+    if m.path is None:
+        return m.max_model_len
+    path: Path | str | None = Path(m.path).expanduser() / "config.json"
+    if not Path(path).is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(m.path, "config.json")
+        except ValueError:  # not a repo id
+            path = None
+    if not isinstance(path, str | Path):
+        return None
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config") or config  # multimodal configs nest the language model's
+    limit = config.get("max_position_embeddings")
+    return limit if isinstance(limit, int) else None
 
 
 def _check_reward(run: RunConfig) -> None:
@@ -477,7 +526,19 @@ def _check_data(run: RunConfig) -> None:
     b = run.benchmark
     if b.name == "arith" and b.path is not None:
         raise ValueError(f"benchmark.path: benchmark=arith is generated from data's arith config; got {b.path!r}")
-    benchmark_sources(b)  # the right number of sources for the benchmark
+    from harness.tasks.loaders import check_source
+
+    sources = [("benchmark.path", s) for s in benchmark_sources(b)]  # the right number for the benchmark
+    if run.data.name != "arith" and run.data.path is not None:
+        sources.append(("data.path", run.data.path))
+    for key, source in sources:
+        try:
+            check_source(source, key, read=True)
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from None
+    pool = run.data.pool_path
+    if pool is not None and not Path(pool).expanduser().is_file():
+        raise ValueError(f"data.pool_path: {pool!r} does not exist (make one with python -m harness.loop.pass_rates)")
     if not run.data.levels or any(not 1 <= level <= 5 for level in run.data.levels):
         raise ValueError(f"data.levels: MATH levels are 1..5, got {list(run.data.levels)}")
     if run.reward.fallback_pattern is not None:

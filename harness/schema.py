@@ -1,6 +1,7 @@
 """Dataclass schemas with declarative checks, so every bad config fails early with one line naming the key.
 
-A field declares its help text and allowed range in `metadata` (TRL's help strings, verl's frozen configs):
+A field declares its help text and allowed range in `metadata` (TRL's help strings, verl's frozen configs); a
+number must be finite unless the field declares `"inf": True` (and says what infinity means in its help):
 
     delta: float = field(default=0.15, metadata={"gt": 0, "help": "..."})
 
@@ -88,6 +89,8 @@ def check_field(f: dataclasses.Field, value: Any, tp: Any, where: str) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         if math.isnan(value):
             raise ValueError(f"{where}.{f.name}: must be a number, got nan")
+        if math.isinf(value) and not f.metadata.get("inf"):  # only where a field says what infinity means
+            raise ValueError(f"{where}.{f.name}: must be a finite number, got {value!r}")
         for key, (test, text) in _BOUNDS.items():
             if key in f.metadata and not test(value, f.metadata[key]):
                 raise ValueError(f"{where}.{f.name}: must be {text.format(f.metadata[key])}, got {value!r}")

@@ -23,6 +23,24 @@ def gpt2_folder(tmp: Path) -> str:
     return str(folder)
 
 
+def latin1_file(tmp: Path) -> str:
+    """A benchmark file saved as Latin-1, not UTF-8: the 'é' is the single byte 0xe9."""
+    path = tmp / "latin1.jsonl"
+    path.write_bytes('{"problem": "caf\u00e9 costs 1 + 1", "answer": 2}\n'.encode("latin-1"))
+    return str(path)
+
+
+def short_context_folder(tmp: Path) -> str:
+    """A model folder whose config.json allows 64 positions (no weights: validation must not need them)."""
+    folder = tmp / "ctx64"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 64}))
+    return str(folder)
+
+
+PLACEHOLDERS = {"<gpt2>": gpt2_folder, "<latin1>": latin1_file, "<ctx64>": short_context_folder}
+
+
 # (overrides, the key the message must name, a fragment saying what is allowed)
 BAD = [
     (["trainer.group_size=1"], "trainer.group_size", ">= 2"),
@@ -79,12 +97,27 @@ BAD = [
     (["reward.model_path=tiny"], "reward.model_path", "reward.kind=reward_model"),
     (["data=ultrafeedback"], "reward.kind", "use reward.kind=reward_model"),
     (["benchmark=hh_rlhf"], "reward.kind", "use reward.kind=reward_model"),
+    # Issue 18: values that used to pass validation and fail late, after the model and engine were built.
+    (["trainer.lr=inf"], "trainer.lr", "must be a finite number, got inf"),
+    (["trainer.lr=-inf"], "trainer.lr", "finite"),
+    (["objective=dppo", "objective.delta=inf"], "objective.delta", "finite"),
+    (["reward.timeout_s=inf"], "reward.timeout_s", "finite"),
+    (["logger.init_timeout_s=inf"], "logger.init_timeout_s", "finite"),
+    (["trainer.max_new_tokens=100000"], "trainer.max_new_tokens", "use at most 511"),
+    (["eval.max_new_tokens=512"], "eval.max_new_tokens", "use at most 511"),
+    (["model.path=<ctx64>", "model.max_model_len=512"], "model.max_model_len", "use at most 64"),
+    (["benchmark=aime24", "benchmark.path=/nonexistent/aime.jsonl"], "benchmark.path", "does not exist"),
+    (["benchmark=aime24", "benchmark.path=<latin1>"], "benchmark.path", "latin1.jsonl:1 is not UTF-8 (byte 0xe9"),
+    (["data=dapo_math", "data.path=<latin1>"], "data.path", "is not UTF-8"),
+    (["data=dapo_math", "data.path=./missing.parquet"], "data.path", "does not exist"),
+    (["data.pool_path=/nonexistent/pool.json"], "data.pool_path", "harness.loop.pass_rates"),
 ]
 
 
 @pytest.mark.parametrize("overrides,key,allowed", BAD, ids=[" ".join(o) for o, _, _ in BAD])
 def test_bad_config_fails_fast_in_one_line(tmp_path, overrides, key, allowed):
-    overrides = [o.replace("<gpt2>", gpt2_folder(tmp_path)) for o in overrides]
+    for name, make in PLACEHOLDERS.items():
+        overrides = [o.replace(name, make(tmp_path)) if name in o else o for o in overrides]
     start = time.perf_counter()
     with pytest.raises(ValueError) as err:
         validate(composed(*overrides))
@@ -123,3 +156,52 @@ def test_cli_rejects_cuda_on_a_machine_without_it_before_loading_anything(tmp_pa
     assert res.stderr.startswith("error: device: cuda, but this machine has no usable CUDA device")
     assert res.stderr.strip().endswith("use device=cpu")
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_cli_refuses_values_that_used_to_fail_after_the_model_loaded(tmp_path):
+    """trainer.max_new_tokens beyond the context and lr=inf: one line, exit 2, before any model or engine."""
+    for bad, message in (
+        ("trainer.max_new_tokens=100000", "error: trainer.max_new_tokens: 100000 leaves no room for a prompt"),
+        ("trainer.lr=inf", "error: trainer.lr: must be a finite number, got inf"),
+    ):
+        start = time.perf_counter()
+        run_dir = tmp_path / bad.partition("=")[0]
+        res = run_cli(bad, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+        assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
+        assert res.stderr.startswith(message), res.stderr
+        assert not (run_dir / "checkpoints").exists()
+        assert time.perf_counter() - start < 30
+
+
+def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):
+    """mode=eval benchmark=aime24 reads the hub by default; with no network it ends like training does: exit 2
+    and one line (not datasets' retries and a traceback). HF_ENDPOINT points at a host that cannot resolve, so
+    the test means the same on a machine that has a network."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "HF_ENDPOINT": "https://hub.invalid", "HF_HUB_OFFLINE": "0"}
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "mode=eval", "benchmark=aime24", "rollout=hf", "logger=none",
+         f"hydra.run.dir={tmp_path / 'eval'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr[-2000:]
+    assert res.stderr.startswith("error: benchmark.path: hub dataset 'HuggingFaceH4/aime_2024' cannot be downloaded")
+
+
+def test_training_prompts_that_cannot_fit_fail_before_the_model_loads(tmp_path, small_model):
+    """A training prompt longer than model.max_model_len - trainer.max_new_tokens used to crash the step that
+    sampled it; now the run does not start, and the message says how to drop such prompts."""
+    rows = [{"problem": "1 + 1", "answer": "2"}, {"problem": " + ".join(["1"] * 400), "answer": "400"}]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run_cli(*small_model, "data=dapo_math", f"data.path={data}", "rollout=hf",
+                  "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr[-2000:]
+    assert "1 of 2 training prompts are longer than model.max_model_len" in res.stderr
+    assert "set data.max_prompt_tokens=" in res.stderr

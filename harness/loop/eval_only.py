@@ -29,7 +29,8 @@ import torch
 from omegaconf import OmegaConf
 from safetensors import safe_open
 
-from harness.config import ModelConfig, RunConfig, validate
+from harness.config import ModelConfig, RunConfig, SetupError, validate
+from harness.errors import first_line
 from harness.loop.evaluate import evaluate
 from harness.loop.runlog import RunLog
 from harness.loop.state import model_dir, score_key, wandb_settings
@@ -143,19 +144,23 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
     engine = None
     try:
         # --- model: base weights for the engine, then the checkpoint's on top ---
-        src = resolve_model(cfg)
-        summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
-        problems = load_benchmark(cfg.benchmark, cfg.data)
-        tokenizer = load_tokenizer(src.base)[0]
-        prompts = render_prompts(tokenizer, problems, src.template)
-        engine = engine_from_config(
-            cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
-        )
-        if src.weights is not None:
-            weights = read_weights(src.weights)
-            if src.model.lora_rank:  # a LoRA run's checkpoint holds its adapters: merge them into the base
-                weights = merged_from_checkpoint(src.base, weights, src.model)
-            engine.sync_weights(weights)
+        # A missing file, a hub dataset out of reach, an unusable checkpoint: one line (SetupError), as in training.
+        try:
+            src = resolve_model(cfg)
+            summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
+            problems = load_benchmark(cfg.benchmark, cfg.data)
+            tokenizer = load_tokenizer(src.base)[0]
+            prompts = render_prompts(tokenizer, problems, src.template)
+            engine = engine_from_config(
+                cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
+            )
+            if src.weights is not None:
+                weights = read_weights(src.weights)
+                if src.model.lora_rank:  # a LoRA run's checkpoint holds its adapters: merge them into the base
+                    weights = merged_from_checkpoint(src.base, weights, src.model)
+                engine.sync_weights(weights)
+        except (ValueError, OSError, ImportError) as exc:
+            raise SetupError(first_line(exc)) from exc
 
         # --- evaluate and log ---
         common = dict(

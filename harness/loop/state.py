@@ -8,6 +8,7 @@ the identity: rank 0 holds the engine, the run log and the token sampler; the ot
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -39,7 +40,7 @@ from harness.objectives import get_objective
 from harness.objectives.registry import Objective
 from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
-from harness.rollout.base import RolloutEngine
+from harness.rollout.base import RolloutEngine, load_tokenizer
 from harness.tasks import arith_config, load_problems, render_prompts
 from harness.tasks.arith import Problem
 
@@ -109,15 +110,16 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
     try:
         prec = precisions.get(cfg.precision.name)
         model_path = model_dir(cfg)
+        objective = get_objective(cfg.objective.name, **_objective_values(cfg))
+        # The data and its prompt lengths first: a bad file or a prompt that cannot fit costs no model load.
+        train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
+        train_set = _fitting(train_set, load_tokenizer(str(model_path))[0], cfg)
         # Sharded runs load on the CPU: fully_shard moves each rank's shard to its GPU, so no GPU ever holds
         # the whole model.
         policy, tokenizer = load_policy(
             model_path, dtype=DTYPES[cfg.model.dtype], device="cpu" if pg.active else cfg.device
         )
         policy = _prepare_policy(policy, cfg, prec, pg)
-        objective = get_objective(cfg.objective.name, **_objective_values(cfg))
-        train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
-        train_set = _fitting(train_set, tokenizer, cfg)
         eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
         t = cfg.trainer
         optimizer = torch.optim.AdamW(  # under LoRA only the adapters are trainable
@@ -139,11 +141,28 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
 
 def _fitting(problems: list[Problem], tokenizer: Any, cfg: RunConfig) -> list[Problem]:
     """`data.max_prompt_tokens`: training problems whose templated prompt is longer are dropped (the papers' max
-    prompt length; validation already checked it fits the model's context with the response)."""
+    prompt length; validation already checked it fits the model's context with the response). Without it, a
+    prompt that leaves no room for `trainer.max_new_tokens` in `model.max_model_len` is an error here, before
+    the model loads, rather than a crash at the step that samples it."""
     limit = cfg.data.max_prompt_tokens
+    # transformers warns of any prompt past the tokenizer's model_max_length; the lengths are checked right here.
+    quiet = logging.getLogger("transformers.tokenization_utils_base")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        lengths = [len(ids) for ids in render_prompts(tokenizer, problems, cfg.data.template)]
+    finally:
+        quiet.setLevel(level)
     if limit is None:
+        room = cfg.model.max_model_len - cfg.trainer.max_new_tokens
+        long = [n for n in lengths if n > room]
+        if long:
+            raise ValueError(
+                f"data: {len(long)} of {len(problems)} training prompts are longer than model.max_model_len "
+                f"{cfg.model.max_model_len} - trainer.max_new_tokens {cfg.trainer.max_new_tokens} = {room} tokens "
+                f"(longest {max(long)}); set data.max_prompt_tokens={room} to drop them, or raise model.max_model_len"
+            )
         return problems
-    lengths = [len(ids) for ids in render_prompts(tokenizer, problems, cfg.data.template)]
     kept = [p for p, n in zip(problems, lengths, strict=True) if n <= limit]
     if not kept:
         raise ValueError(f"data.max_prompt_tokens: {limit} keeps none of the {len(problems)} training prompts")

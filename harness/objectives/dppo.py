@@ -33,7 +33,8 @@ class DPPOConfig(ObjectiveConfig):
         default=None, metadata={"gt": 0, "help": "threshold for A <= 0 tokens; null = delta"}
     )
     delta_high: float | None = field(
-        default=None, metadata={"gt": 0, "help": "threshold for A > 0 tokens; null = delta; .inf = never mask"}
+        default=None,
+        metadata={"gt": 0, "inf": True, "help": "threshold for A > 0 tokens; null = delta; .inf = never mask"},
     )
 
     def __post_init__(self) -> None:
