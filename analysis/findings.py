@@ -25,7 +25,7 @@ COLLAPSE_FRACTION = 0.5  # collapsed: late reward below half the run's best 10-s
 
 
 def _series(m: pd.DataFrame, key: str) -> pd.Series:
-    return m[key].dropna() if key in m.columns else pd.Series(dtype=float)
+    return pd.to_numeric(m[key], errors="coerce").dropna() if key in m.columns else pd.Series(dtype=float)
 
 
 def _window(m: pd.DataFrame, key: str, where: str) -> float:
@@ -49,24 +49,35 @@ def _collapsed(m: pd.DataFrame, e: pd.DataFrame) -> float:
     return float(_window(m, "reward/mean", "late") < COLLAPSE_FRACTION * best)
 
 
+def _numeric(m: pd.DataFrame, cols: list[str]) -> np.ndarray:
+    """The columns as floats: a key logged as null on some steps (JSON has no NaN) reads as an object column of
+    None, which numpy cannot average."""
+    return m[cols].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+
+
 def _clipped_mu(m: pd.DataFrame, e: pd.DataFrame) -> float:
     cols = [c for c in ("objective/clipped_mu_mean_pos", "objective/clipped_mu_mean_neg") if c in m.columns]
-    return float(np.nanmean(m[cols].to_numpy())) if cols and m[cols].notna().any().any() else math.nan
+    values = _numeric(m, cols)
+    return float(np.nanmean(values)) if cols and np.isfinite(values).any() else math.nan
 
 
 def _clipped_entropy_excess(m: pd.DataFrame, e: pd.DataFrame) -> float:
     cols = [c for c in ("objective/clipped_entropy_mean_pos", "objective/clipped_entropy_mean_neg") if c in m.columns]
-    if not cols or "rollout/entropy" not in m.columns or not m[cols].notna().any().any():
+    values = _numeric(m, cols)
+    if not cols or "rollout/entropy" not in m.columns or not np.isfinite(values).any():
         return math.nan
-    return float(np.nanmean(m[cols].to_numpy()) - m["rollout/entropy"].mean())
+    return float(np.nanmean(values) - np.nanmean(_numeric(m, ["rollout/entropy"])))
 
 
 # Per-run numbers a claim can compare: (metrics.jsonl frame, eval.jsonl frame) -> float.
 METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = {
     "final_eval": (_final_eval, "held-out accuracy at the last evaluation"),
     "eval_gain": (
-        lambda m, e: _final_eval(m, e) - float(e[[c for c in e.columns if c.startswith("avg@")][0]].iloc[0])
-        if len(e) else math.nan,
+        lambda m, e: (
+            _final_eval(m, e) - float(e[[c for c in e.columns if c.startswith("avg@")][0]].iloc[0])
+            if len(e)
+            else math.nan
+        ),
         "held-out accuracy, last evaluation minus step 0",
     ),
     "reward_auc": (lambda m, e: float(_series(m, "reward/mean").mean()), "mean training reward over all steps"),
@@ -74,13 +85,15 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
     "late_reward": (lambda m, e: _window(m, "reward/mean", "late"), "mean training reward, last quarter"),
     "collapsed": (_collapsed, f"1 if the last quarter's reward < {COLLAPSE_FRACTION} x the best 10-step mean"),
     "late_mismatch": (
-        lambda m, e: _window(m, "mismatch/abs_prob_diff_mean", "late"), "mean |pi - mu| before the update, last quarter"
+        lambda m, e: _window(m, "mismatch/abs_prob_diff_mean", "late"),
+        "mean |pi - mu| before the update, last quarter",
     ),
     "late_entropy": (lambda m, e: _window(m, "rollout/entropy", "late"), "policy entropy, last quarter"),
     "clipped_mu": (_clipped_mu, "mean rollout probability mu of masked/clipped tokens"),
     "clipped_entropy_excess": (_clipped_entropy_excess, "entropy of clipped tokens minus mean token entropy"),
     "bad_update_frac": (
-        lambda m, e: float(_series(m, "mismatch/bad_update_frac").mean()), "share of bad updates (Fig. 5)"
+        lambda m, e: float(_series(m, "mismatch/bad_update_frac").mean()),
+        "share of bad updates (Fig. 5)",
     ),
 }
 

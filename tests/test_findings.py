@@ -114,3 +114,30 @@ def test_statistics_match_hand_values():
     assert compare([0.5, math.nan], [0.1, 0.2], Rule("greater")).verdict == INCONCLUSIVE  # 1 finished seed < 3
     with pytest.raises(ValueError, match="rule.min_seeds"):  # one seed per arm has no interval
         Rule("greater", min_seeds=1)
+
+
+def test_metrics_read_keys_logged_as_null_on_some_steps():
+    """A key logged as null on some steps (no clipped token that step) reads as an object column of None; the
+    per-run metrics take the numbers and ignore the nulls (a full suite run crashed on this before)."""
+    import math
+
+    import pandas as pd
+
+    from analysis.findings import METRICS
+
+    m = pd.DataFrame(
+        {
+            "objective/clipped_mu_mean_pos": [None, 0.2, None],
+            "objective/clipped_mu_mean_neg": [None, None, 0.4],
+            "objective/clipped_entropy_mean_pos": [None, 1.5, None],
+            "objective/clipped_entropy_mean_neg": [None, None, None],
+            "rollout/entropy": [1.0, None, 0.5],
+            "reward/mean": [0.5, None, 0.7],
+        }
+    )
+    e = pd.DataFrame({"avg@2": [0.25, 0.5]})
+    assert METRICS["clipped_mu"][0](m, e) == pytest.approx(0.3)
+    assert METRICS["clipped_entropy_excess"][0](m, e) == pytest.approx(1.5 - 0.75)
+    assert METRICS["reward_auc"][0](m, e) == pytest.approx(0.6)
+    nulls = m.assign(**{"objective/clipped_mu_mean_pos": [None] * 3, "objective/clipped_mu_mean_neg": [None] * 3})
+    assert math.isnan(METRICS["clipped_mu"][0](nulls, e))
