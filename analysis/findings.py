@@ -200,6 +200,25 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}g}"
 
 
+def figure_function(kind: str) -> Callable[..., Any]:
+    """A suite.yaml figure kind -> the analysis.figures function that draws it (short names, or any stem of
+    figures.METRIC_FIGURES). An unknown kind is an error, not a claim left without its figure."""
+    from analysis import figures
+
+    short = {
+        "reward": figures.fig_reward_curves,
+        "mismatch": figures.fig_mismatch,
+        "entropy": figures.fig_entropy,
+        "masked": figures.fig_masked_frac,
+        "bad_updates": figures.fig_bad_updates,
+        "weights": figures.fig_drpo_weights,
+    }
+    fn = short.get(kind) or figures.METRIC_FIGURES.get(kind)
+    if fn is None:
+        raise ValueError(f"unknown figure kind {kind!r}; allowed: {', '.join([*short, *figures.METRIC_FIGURES])}")
+    return fn
+
+
 def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataFrame, out_dir: Path) -> list[str]:
     """The claim's figure(s), of the paper's kind: curves for the keys it names, final-value intervals otherwise."""
     from analysis import figures
@@ -211,16 +230,7 @@ def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataF
     sub["objective.name"] = sub["arm"]  # figures label arms by this column, bare
     written = []
     for kind in claim.get("figures", ["reward"]):
-        fn = {
-            "reward": figures.fig_reward_curves,
-            "mismatch": figures.fig_mismatch,
-            "entropy": figures.fig_entropy,
-            "masked": figures.fig_masked_frac,
-            "bad_updates": figures.fig_bad_updates,
-            "weights": figures.fig_drpo_weights,
-        }.get(kind) or getattr(figures, f"fig_{kind}", None)
-        if fn is None:
-            continue
+        fn = figure_function(kind)
         try:
             fig = fn(sub, arms=["objective.name"], title=f"claim {claim['id']}")
         except figures.SkipFigure:
