@@ -99,9 +99,19 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
 
 
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(metrics, eval) frames of one run. A key logged as null on some steps (JSON has no NaN) would read as an
+    object column of None, which neither numpy nor matplotlib takes: such columns become floats with NaN."""
+
     def frame(name: str) -> pd.DataFrame:
         path = run_dir / name
-        return pd.DataFrame(read_jsonl(path)) if path.exists() else pd.DataFrame()
+        df = pd.DataFrame(read_jsonl(path)) if path.exists() else pd.DataFrame()
+        for col in df.select_dtypes(include="object").columns:
+            values = df[col].dropna()
+            if len(values) < len(df[col]) and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in values
+            ):
+                df[col] = df[col].astype(float)
+        return df
 
     return frame("metrics.jsonl"), frame("eval.jsonl")
 
