@@ -9,12 +9,14 @@ import sys
 import tempfile
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from harness.cli import (
     JobFailed,
+    check_command_line,
     check_group_options,
     check_output_dir,
+    info_requested,
     plan_argv,
     plan_requested,
     run_job,
@@ -22,13 +24,11 @@ from harness.cli import (
     sweep_exit_code,
 )
 from harness.config import register_schemas
+from harness.help import help_text
 from harness.loop.distributed import close as close_process_group
 
 register_schemas()
-
-# Wired here rather than in a launcher config so that every launcher gets it, plugins' own configs included, and a
-# sweep declared in a config file (hydra.mode: MULTIRUN) as well as one started with -m.
-SWEEP_REPORT = "++hydra.callbacks.sweep_report._target_=harness.cli.SweepReport"
+OmegaConf.register_new_resolver("harness_help", help_text)  # --help's lists (conf/config.yaml hydra.help)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -38,13 +38,13 @@ def main(cfg: DictConfig) -> float | JobFailed | None:
 
 if __name__ == "__main__":  # the guard matters: vLLM may spawn processes that re-import this file
     check_group_options(sys.argv[1:])
+    check_command_line(sys.argv[1:])
     scratch = tempfile.mkdtemp(prefix="harness-plan-") if plan_requested(sys.argv[1:]) else None
     if scratch:  # mode=plan: one `PLAN <json>` line per job, no model, no run directory
         sys.argv[1:] = plan_argv(sys.argv[1:], scratch)
-    else:
+    elif not info_requested(sys.argv[1:]):
         check_output_dir(sys.argv[1:])
     share_run_stamp()  # torchrun: every process must write the same run directory
-    sys.argv.append(SWEEP_REPORT)
     try:
         main()
     finally:

@@ -3,6 +3,7 @@ sweep isolation (a failed job is recorded in its run directory and the sweep goe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -21,21 +22,80 @@ GROUP_NAMES = ("model", "precision", "objective", "rollout", "data", "benchmark"
 MAX_EXIT_CODE = 125
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def check_group_options(argv: list[str]) -> None:
-    """`objective=dpo` -> one line naming the valid options, before Hydra composes anything."""
+    """`objective=dpo` -> one line naming the valid options, before Hydra composes anything (Hydra's own message
+    is a dozen lines and exits 1). The command line is read with Hydra's own parsers, so everything Hydra accepts
+    passes: nested options (`+experiment=recipe/drpo_qwen3_4b`), `glob(...)`, `choice(...)`, comma sweeps,
+    quoted values, deletions, flags anywhere. A line Hydra cannot parse is left for Hydra to report."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    args, rest = get_args_parser().parse_known_args(argv)
+    try:
+        overrides = OverridesParser.create().parse_overrides([*args.overrides, *(a for a in rest if a[:1] != "-")])
+    except HydraException:
+        return
+    for o in overrides:
+        if o.key_or_group not in GROUP_NAMES or o.package or o.is_delete():
+            continue
+        options = group_options(o.key_or_group)
+        value = o.value()
+        if isinstance(value, Glob):
+            if not value.filter(options):
+                fail(f"{o.input_line} matches no option; valid {o.key_or_group} options: {', '.join(options)}")
+            continue
+        chosen = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        for option in chosen:
+            if option not in options:
+                fail(
+                    f"{o.key_or_group}={option} is not an option; valid {o.key_or_group} options: {', '.join(options)}"
+                )
+
+
+def info_requested(argv: list[str]) -> bool:
+    """--help, --hydra-help, --cfg/-c, --info/-i, --version, --shell-completion: Hydra prints and exits, and nothing
+    may be written (no output folder either)."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    flags = ("help", "hydra_help", "cfg", "info", "shell_completion")
+    return any(getattr(args, f, None) for f in flags) or "--version" in argv
+
+
+def group_options(group: str) -> list[str]:
+    """A config group's options: its YAML files, nested folders included (experiment=recipe/drpo_qwen3_4b)."""
+    root = CONF_DIR / group
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+
+
+def check_command_line(argv: list[str]) -> None:
+    """Before Hydra reads the command line: refuse what Hydra would act on before any of our validation runs.
+
+    - A `_target_` (or any `hydra.callbacks` entry): Hydra instantiates callbacks, launchers and sweepers named in
+      the config as it starts, so one given on the command line would run arbitrary code. They are accepted only
+      from the project's config files.
+    - A `hydra.run.dir` another live process is writing: Hydra would overwrite that run's .hydra/ files before
+      our lock could refuse (harness.loop.lock)."""
+    from harness.loop.lock import holder
+
     for arg in argv:
         key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or key not in GROUP_NAMES:
+        if not sep:
             continue
-        options = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
-        for option in value.split(","):  # a multirun sweep lists several
-            if option not in options:
-                fail(f"{key}={option} is not an option; valid {key} options: {', '.join(options)}")
+        if "_target_" in arg or key == "hydra.callbacks" or key.startswith("hydra.callbacks."):
+            fail(
+                f"{key}: a _target_ or Hydra callback names code to run; it is accepted only from the project's "
+                "config files (conf/), not from the command line"
+            )
+        if key == "hydra.run.dir" and "${" not in value and (who := holder(Path(value).expanduser())):
+            fail(f"hydra.run.dir: {value} is being written by another process ({who}); wait for it to end")
 
 
 def check_output_dir(argv: list[str]) -> None:
@@ -81,6 +141,10 @@ def run_job(cfg: DictConfig) -> float | JobFailed | None:
     from hydra.types import RunMode
 
     from harness.config import SetupError
+    from harness.errors import first_line
+    from harness.loop.lock import RunDirBusy
+    from harness.loop.resume_guard import ResumeRefused
+    from harness.loop.runlog import LogWriteError
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -89,12 +153,16 @@ def run_job(cfg: DictConfig) -> float | JobFailed | None:
     except KeyboardInterrupt:  # the user stops the whole sweep, not one job
         raise
     except (Exception, SystemExit) as exc:
-        error = record_failure(run_dir, exc)
+        # A busy directory or a refused resume belongs to another run (or another config): leave it as it is.
+        refused = isinstance(exc, RunDirBusy | ResumeRefused)
+        error = first_line(exc) if refused else record_failure(run_dir, exc)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             print(f"error: {run_dir.name}: {error}", file=sys.stderr)
             return JobFailed(str(run_dir), error)
         if isinstance(exc, SetupError):
             fail(error)
+        if isinstance(exc, LogWriteError):  # a full disk: one line, and the run is resumable (not a bad config)
+            fail(error, code=1)
         raise
 
 
@@ -120,16 +188,22 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
         machine.check(run_cfg, machine.probe())
     except ValueError as exc:
         raise SetupError(str(exc)) from exc
-    if run_cfg.mode == "eval":
-        from harness.loop.eval_only import print_eval_summary, run_eval
+    from harness.loop.lock import RunDirLock
 
-        summary = run_eval(run_cfg, run_dir, raw)
-        print_eval_summary(summary)
-        return summary.get("final_score")
-    from harness.loop.train import train
+    main = rank_from_env() == 0  # under torchrun rank 0 writes the run directory and speaks for the run
+    with RunDirLock(run_dir) if main else contextlib.nullcontext():
+        if run_cfg.mode == "eval":
+            from harness.loop.eval_only import print_eval_summary, run_eval
 
-    summary = train(run_cfg, run_dir, raw)
-    if rank_from_env() == 0:  # under torchrun every process returns; rank 0 speaks for the run
+            summary = run_eval(run_cfg, run_dir, raw)
+            print_eval_summary(summary)
+            return summary.get("final_score")
+        from harness.loop.resume_guard import guard
+        from harness.loop.train import train
+
+        guard(run_cfg, run_dir, write=main)
+        summary = train(run_cfg, run_dir, raw)
+    if main:
         print_summary(summary)
     return summary.get("final_score")
 
@@ -224,7 +298,10 @@ def record_failure(run_dir: Path, exc: BaseException) -> str:
     try:
         atomic_write_json(path, summary)
     except OSError as e:  # an unwritable run directory must not hide the job's own error
-        print(f"warning: could not write {path}: {e}", file=sys.stderr)
+        from harness.loop.runlog import LogWriteError
+
+        if not isinstance(exc, LogWriteError):  # whose own line already says the disk is full
+            print(f"warning: could not write {path}: {e}", file=sys.stderr)
     return error
 
 

@@ -226,7 +226,20 @@ class TrainerConfig:
         default=100,
         metadata={"ge": 0, "help": "checkpoint every N steps and at the end; 0 = never (throw-away runs: no resume)"},
     )
-    resume: bool = field(default=False, metadata={"help": "continue from the run directory's last checkpoint"})
+    resume: bool | Literal["auto"] = field(
+        default=False,
+        metadata={
+            "help": "continue from the run directory's last checkpoint (with the run's own config); auto = continue "
+            "if there is one, else start fresh (requeued jobs)"
+        },
+    )
+    resume_allow: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "keys (or groups) a resume may change deliberately, e.g. [trainer.total_steps]; recorded in "
+            "resume_changes.jsonl"
+        },
+    )
     threads: int | None = field(
         default=None, metadata={"ge": 1, "help": "torch threads; null = OMP_NUM_THREADS if set, else all cores"}
     )

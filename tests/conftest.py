@@ -55,7 +55,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The longest test files (minutes each on 2 cores): under `pytest -n 2 --dist loadfile` they are handed out first, so
 # the short files fill in around them instead of one long file running alone at the end.
-HEAVY_FIRST = ("test_faults.py", "test_distributed.py", "test_launchers.py", "test_train.py", "test_eval_mode.py")
+HEAVY_FIRST = (
+    "test_faults.py",
+    "test_disk_full.py",
+    "test_distributed.py",
+    "test_run_directory.py",
+    "test_launchers.py",
+    "test_train.py",
+    "test_eval_mode.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

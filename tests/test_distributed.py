@@ -89,6 +89,6 @@ def test_run_py_under_torchrun_matches_one_process_and_resumes(tmp_path, small_m
     assert (two / "checkpoints" / "step_2" / "model.safetensors").exists()
 
     # Resume under torchrun from the step-2 checkpoint for one more step: the full checkpoint goes back to shards.
-    run(TORCHRUN, two, "trainer.total_steps=3", "trainer.resume=true")
+    run(TORCHRUN, two, "trainer.total_steps=3", "trainer.resume=true", "trainer.resume_allow=[trainer.total_steps]")
     assert [r["step"] for r in metrics(two)] == [1, 2, 3]
     assert json.loads((two / "summary.json").read_text())["resumed_from_step"] == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,36 @@ def test_the_wandb_key_never_reaches_the_run_directory(tmp_path, small_model, mo
             leaks.append(str(path.relative_to(run_dir)))
     assert not leaks, f"WANDB_API_KEY found in {leaks}"
     assert os.environ["WANDB_API_KEY"] == secret  # the check saw the key set for the whole run
+
+
+def test_grading_never_hands_model_text_to_python(monkeypatch):
+    """The guard is LaTeX-only extraction: math-verify's expression extraction passes the model's text to sympy's
+    parse_expr, which compiles it and evaluates it with Python's eval. An audit hook sees every compile: with the
+    guard the payload's expression never reaches one (the LaTeX grammar compiles single number tokens only);
+    with the guard off (expression extraction added, as math-verify's default has it) it does."""
+    import math_verify
+
+    import harness.rewards as rewards
+
+    payload = "12345*67891+1"
+    compiled: list[str] = []
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "compile" and isinstance(args[0], str | bytes):
+            source = args[0].decode(errors="replace") if isinstance(args[0], bytes) else args[0]
+            flat = "".join(source.replace("Integer", "").split()).replace("(", "").replace(")", "")
+            if payload in flat:
+                compiled.append(source)
+
+    sys.addaudithook(hook)  # an audit hook cannot be removed; it only records
+    completions = [f"\\boxed{{{payload}}}", payload, f"The answer is {payload}"]
+    rewards.grade(completions, ["1"] * 3, workers=1, require_boxed=False)
+    assert compiled == [], f"model text was compiled for eval: {compiled}"
+    monkeypatch.setattr(
+        rewards, "_LATEX_ONLY", (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
+    )
+    rewards.grade(completions, ["1"] * 3, workers=1, require_boxed=False)
+    assert compiled, "with expression extraction the payload should have been compiled: the test cannot fail"
 
 
 def test_grading_never_executes_model_text(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,7 @@ def test_two_steps_of_every_objective(tmp_path, small_model, objective):
         "rollout=hf",
         f"objective={objective}",
         "trainer.total_steps=2",
+        "trainer.prompts_per_step=8",  # 8 groups a step: a step without any learning signal would test nothing
         "rollout.max_topk=20",
     )
     assert summary["status"] == "completed"
@@ -36,8 +38,10 @@ def test_two_steps_of_every_objective(tmp_path, small_model, objective):
     for r in rows:
         assert 0 <= r["reward/mean"] <= 1
         assert r["perf/tokens_per_s"] > 0
-    # At least one step had a learning signal and so ran the objective and the optimizer.
+    # A step had a learning signal, ran the objective and the optimizer, and the weights moved.
     trained = [r for r in rows if r["optim/updates"] > 0]
+    assert trained and all(r["optim/skipped_steps"] == 0 for r in rows)
+    check_weights_moved(run_dir, small_model)
     for r in trained:
         assert "objective/masked_frac" in r and "mismatch/k3" in r and r["optim/grad_norm"] >= 0
         check_figure_metrics(r, objective)
@@ -48,6 +52,18 @@ def test_two_steps_of_every_objective(tmp_path, small_model, objective):
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["status"] == "completed" and final["final_score"] == evals[-1]["avg@1"]
     check_token_samples(run_dir, objective, trained_steps={r["step"] for r in trained})
+
+
+def check_weights_moved(run_dir, small_model: list[str]) -> None:
+    """The final checkpoint differs from the model the run started from (not merely a logged update count)."""
+    from safetensors.torch import load_file
+
+    from harness.loop.state import model_dir
+
+    start = load_file(model_dir(validate(compose(*small_model))) / "model.safetensors")
+    end = load_file(run_dir / "checkpoints" / "step_2" / "model.safetensors")
+    moved = [k for k in end.keys() & start.keys() if not torch_equal(start[k], end[k])]  # tied: saved once
+    assert moved, "no weight changed in two steps"
 
 
 def check_figure_metrics(r: dict, objective: str) -> None:
@@ -287,3 +303,34 @@ def test_nan_logits_from_the_model_skip_the_step_and_bad_steps_are_counted_in_a_
     assert all(torch_equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
     with pytest.raises(NonFiniteError, match=r"2 steps in a row .*\(step 3\)"):
         run(tmp_path, *common, "trainer.total_steps=4", "trainer.nan_logits_at_steps=[2,3]", name="stopped")
+
+
+def test_logged_lines_are_fsynced_before_each_checkpoint_is_published(tmp_path, small_model, monkeypatch):
+    """Every metrics and eval line up to a checkpoint is as durable as the checkpoint: between two checkpoint
+    publishes (the rename of step_<k> into place) the appended logs are fsynced. A spy records fsync and rename
+    calls and passes them through; /proc/self/fd names the file behind each descriptor."""
+    import os
+    import re
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        try:
+            events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:
+            pass
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        events.append(("publish", str(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    run(tmp_path, *small_model, *FAST_TRAINER, "rollout=hf", "trainer.total_steps=2", "trainer.checkpoint_every=1")
+    publishes = [i for i, (kind, path) in enumerate(events) if kind == "publish" and re.search(r"/step_\d+$", path)]
+    assert len(publishes) == 2
+    for previous, current in zip([-1, *publishes], publishes, strict=False):
+        synced = {Path(path).name for kind, path in events[previous + 1 : current] if kind == "fsync"}
+        assert {"metrics.jsonl", "eval.jsonl"} <= synced, synced

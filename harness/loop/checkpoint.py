@@ -96,8 +96,8 @@ def save_checkpoint(
 
     # Checkpoints past `step` come from an abandoned future (we resumed from an earlier one): drop them,
     # then keep the newest `keep` of the rest.
-    older = [p for s, p in _complete(root) if s <= step]
-    for s, p in _complete(root):
+    older = [p for s, p in complete_checkpoints(root) if s <= step]
+    for s, p in complete_checkpoints(root):
         if s > step or p in older[:-keep]:
             shutil.rmtree(p)
     for stale in root.glob(_TMP_PREFIX + "*"):
@@ -170,15 +170,18 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str
     return tensors, aliases, opt_state, state
 
 
-def _complete(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint, oldest first; temp folders do not match the name."""
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint under `root` (a run's checkpoints/), oldest first; temp folders
+    do not match the name. Empty when there is no such folder."""
+    if not root.is_dir():
+        return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
     return sorted(found)
 
 
 def _load_order(root: Path) -> list[Path]:
     """The folder `latest` names first, then the rest newest first."""
-    order = [p for _, p in reversed(_complete(root))]
+    order = [p for _, p in reversed(complete_checkpoints(root))]
     pointer = root / LATEST
     if pointer.exists():
         named = root / pointer.read_text().strip()

@@ -21,7 +21,7 @@ import torch
 
 from harness.batch import TrainBatch
 from harness.loop.distributed import ProcessGroup
-from harness.loop.runlog import atomic_write_text
+from harness.loop.runlog import atomic_write_text, writing
 
 LOW_PROB = 0.01  # "low-probability token": mu at or below this
 TABLE_ROWS = 50  # App. D lists the 50 most clipped tokens per sign
@@ -108,4 +108,5 @@ class ClippedTokens:
             for rank, (tid, n) in enumerate(self.clipped[sign].most_common(TABLE_ROWS), start=1):
                 seen = self.seen[sign][tid]
                 w.writerow([sign, rank, tid, decode([tid]), n, seen, f"{n / seen:.4f}" if seen else ""])
-        atomic_write_text(path, buf.getvalue())
+        with writing(path):
+            atomic_write_text(path, buf.getvalue())

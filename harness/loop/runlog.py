@@ -6,6 +6,7 @@ The JSONL files are the source of truth that analysis reads; W&B is a convenienc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -13,6 +14,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +69,28 @@ def resolve_wandb_mode(settings: WandbSettings | None) -> str:
     if env and env not in WANDB_MODES:
         raise ValueError(f"WANDB_MODE={env!r} is not allowed; use one of {WANDB_MODES}")
     return env or "offline"
+
+
+class LogWriteError(RuntimeError):
+    """A run-directory file (metrics, eval, samples, tokens, tables) could not be written: a full disk or a lost
+    mount. Not an OSError, so the checkpoint path's own handling (skip one checkpoint, go on) never swallows it:
+    the run stops, everything up to its newest checkpoint intact, and continues with trainer.resume=true."""
+
+    def __init__(self, path: Path, error: OSError, step: int | None = None) -> None:
+        at = "" if step is None else f" at step {step}"
+        super().__init__(
+            f"{path.name} could not be written{at} ({error.strerror or error}); the run stopped with everything up "
+            "to its newest checkpoint intact: free space, then continue it with trainer.resume=true"
+        )
+
+
+@contextlib.contextmanager
+def writing(path: Path, step: int | None = None) -> Iterator[None]:
+    """OSError inside -> LogWriteError naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise LogWriteError(path, e, step) from e
 
 
 # --- atomic files -------------------------------------------------------------------------------------------
@@ -192,7 +216,7 @@ class RunLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._t0 = time.monotonic()
         self._started_at = _now()
-        self._files: dict[str, Any] = {}
+        self._files: dict[str, int] = {}  # file name -> an O_APPEND descriptor
         self._finished = False
         self._resumed_from: int | None = None
         self._last_step = -1
@@ -239,14 +263,14 @@ class RunLog:
                 "on resume call truncate_after(<checkpoint step>) first"
             )
         record = self._record(step, metrics, "metrics")
-        self._append("metrics.jsonl", [record])
+        self._append("metrics.jsonl", [record], step)
         self._last_step = step
         self._mirror(_numbers(record))
 
     def log_eval(self, step: int, record: dict[str, Any]) -> None:
         """Append one evaluation ({"benchmark": ..., "avg@k": ..., ...}) to eval.jsonl."""
         rec = self._record(step, record, "eval record")
-        self._append("eval.jsonl", [rec])
+        self._append("eval.jsonl", [rec], step)
         prefix = f"eval/{rec['benchmark']}/" if isinstance(rec.get("benchmark"), str) else "eval/"
         nums = {k if k.startswith("eval/") else prefix + k: v for k, v in _numbers(rec).items() if k != "step"}
         self._mirror({"step": rec["step"], **nums})
@@ -254,7 +278,7 @@ class RunLog:
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Append a few prompt/completion/reward rows to samples.jsonl, one line per row."""
         recs = [self._record(step, row, f"samples[{i}]") for i, row in enumerate(rows)]
-        self._append("samples.jsonl", recs)
+        self._append("samples.jsonl", recs, step)
         if self._wandb is not None and recs:
             import wandb
 
@@ -290,7 +314,7 @@ class RunLog:
         """Write the final summary.json ("completed" or "failed") and close W&B.
 
         `summary` holds the scores the trainer tracked, e.g. {"best/eval/avg@k": .., "last/reward/mean": ..}.
-        RunLog owns status, error, started_at, finished_at, wall_time_s, last_step, resumed_from_step and
+        RunLog owns status, error, started_at, finished_at, wall_time_s, last_step, resumed_from_step, pid and
         wandb; keys of those names in `summary` are ignored.
         """
         if status not in ("completed", "failed"):
@@ -299,8 +323,16 @@ class RunLog:
             raise RuntimeError(f"RunLog.finish called twice for {self.run_dir}")
         summary = _to_python(summary, "summary")  # a bad value raises here, while finish can still be retried
         self._finished = True
-        self._close_files()
-        self._write_summary(status, summary, error)
+        try:
+            self._close_files()
+            self._write_summary(status, summary, error)
+        except LogWriteError:
+            if status == "completed":
+                raise
+            # Failing already (a full disk, most likely): the caller's error says why; summary.json keeps "running".
+        except OSError as e:
+            if status == "completed":
+                raise LogWriteError(self.run_dir / "summary.json", e) from e
         if self._wandb is not None:
             self._finish_wandb(self._wandb, status, summary)
             self._wandb = None
@@ -323,19 +355,38 @@ class RunLog:
             raise ValueError(f"{where}: key 'step' is reserved; pass the step as the first argument")
         return {"step": int(step), **_to_python(fields, where)}
 
-    def _append(self, name: str, records: list[dict[str, Any]]) -> None:
-        f = self._files.get(name)
-        if f is None:
-            f = self._files[name] = open(self.run_dir / name, "a", encoding="utf-8")
-        # One write per batch of whole lines: a crash can tear only the last line, which readers skip.
-        f.write("".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in records))
-        f.flush()
+    def _append(self, name: str, records: list[dict[str, Any]], step: int) -> None:
+        """One write of whole lines, unbuffered: a crash can tear only the last line, which readers skip, and a
+        failed write (disk full) is cut back off the file, so it ends on a whole line and loses only this step."""
+        data = "".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in records).encode("utf-8")
+        path = self.run_dir / name
+        with writing(path, step):
+            fd = self._files.get(name)
+            if fd is None:
+                fd = self._files[name] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:
+                os.ftruncate(fd, start)
+                raise
+
+    def sync(self) -> None:
+        """fsync the appended files: called before a checkpoint is published, so the lines of every step up to it
+        survive a power cut as the checkpoint does."""
+        for name, fd in self._files.items():
+            with writing(self.run_dir / name):
+                os.fsync(fd)
 
     def _close_files(self) -> None:
-        for f in self._files.values():
-            os.fsync(f.fileno())
-            f.close()
-        self._files.clear()
+        try:
+            self.sync()
+        finally:
+            for fd in self._files.values():
+                os.close(fd)
+            self._files.clear()
 
     def _write_summary(self, status: str, summary: dict[str, Any] | None = None, error: str | None = None) -> None:
         core = {
@@ -346,6 +397,7 @@ class RunLog:
             "wall_time_s": round(time.monotonic() - self._t0, 3),
             "last_step": self._last_step,
             "resumed_from_step": self._resumed_from,
+            "pid": os.getpid(),  # which process wrote this: a kill drill checks it hit the session it meant to
             "wandb": {"mode": self._wandb_mode, "id": self._wandb_id},
         }
         # The core fields are RunLog's to set; a same-named key from the caller is ignored rather than an
@@ -459,6 +511,9 @@ class NullLog:
         pass
 
     def truncate_after(self, step: int) -> None:
+        pass
+
+    def sync(self) -> None:
         pass
 
     def finish(self, status: str, summary: dict[str, Any], error: str | None = None) -> None:

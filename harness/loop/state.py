@@ -211,6 +211,7 @@ def resume(run: Run) -> None:
         if is_lora(run.policy):  # checkpoints hold the adapters only
             restore = restore_adapter(run.policy, run.optimizer, sharded=run.pg.active)
         state = load_latest(run.run_dir, run.policy, run.optimizer, restore)
+        _set_hyperparameters(run.optimizer, run.cfg)  # the config's (a resume_allow change), not the saved ones
         run.done_steps = int(state["step"]) if state else 0
         run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
         run.clipped = ClippedTokens(state["extra"].get("clipped_tokens") if state else None)
@@ -218,6 +219,12 @@ def resume(run: Run) -> None:
         sync_weights(run)
     run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None
     run.best = eval_scores(run.run_dir, run.score_key)[1]
+
+
+def _set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: RunConfig) -> None:
+    t = cfg.trainer
+    for group in optimizer.param_groups:
+        group.update(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
 
 
 def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
@@ -230,6 +237,7 @@ def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
     optim_state = run.pg.full_optimizer_state(run.policy, run.optimizer)
     try:
         if run.pg.main:
+            run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
             save_checkpoint(
                 run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights,
                 optim_state=optim_state,

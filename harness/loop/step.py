@@ -70,7 +70,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         **rollout_metrics(batch.mask, batch.behavior_logp, batch.topk_behavior_logp),
         **update_metrics,
         **run.clipped.metrics(run.pg),
-        "optim/lr": run.cfg.trainer.lr,
+        "optim/lr": run.optimizer.param_groups[0]["lr"],  # what AdamW used, which a resume sets from the config
         "optim/updates": float(updates),
         "optim/skipped_steps": float(run.skipped),
         "perf/rollout_s": t_rollout,

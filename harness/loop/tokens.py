@@ -17,7 +17,7 @@ import torch
 
 from harness.batch import TrainBatch
 from harness.logprobs import LogProbOutput
-from harness.loop.runlog import atomic_write_bytes
+from harness.loop.runlog import atomic_write_bytes, writing
 
 COLUMNS = ("step", "row", "pos", "token_id", "mu", "pi", "pi_old", "adv", "entropy", "kept", "weight")
 
@@ -77,4 +77,5 @@ class TokenSamples:
     def add(self, frame: pd.DataFrame) -> None:
         self.frames.append(frame)
         table = pd.concat(self.frames, ignore_index=True)
-        atomic_write_bytes(self.path, table.to_parquet(index=False))
+        with writing(self.path):
+            atomic_write_bytes(self.path, table.to_parquet(index=False))

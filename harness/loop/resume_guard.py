@@ -1,0 +1,137 @@
+"""What a run directory promises about its experiment: `run_config.json` records the validated config a run
+started with (and Hydra's .hydra/ files of that start), and a resume must match it.
+
+`trainer.resume=true` continues the same experiment or nothing: a config that differs in anything that changes
+the experiment (objective and its hyperparameters, model, precision, data, lr, batch shape, seed, steps, ...) is
+refused in one line that lists the differing keys, before any model is built and without touching the run
+directory. A deliberate change is named in `trainer.resume_allow=[key, ...]` (a group name allows its keys) and
+recorded in `resume_changes.jsonl`. Operational keys (threads, logging, drills, how often to evaluate or
+checkpoint) may change freely.
+
+Hydra writes the new command's .hydra/ files into the directory before any of our code runs; a refused resume
+puts the recorded ones back, so the directory still describes the run it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.config import RunConfig, SetupError
+from harness.loop.checkpoint import CHECKPOINTS, complete_checkpoints
+from harness.loop.runlog import atomic_write_json, atomic_write_text
+
+RECORD = "run_config.json"
+CHANGES = "resume_changes.jsonl"
+HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
+# Keys that change how a run is carried out or watched, not what it computes.
+FREE = (
+    "mode",
+    "name",
+    "logger",
+    "trainer.resume",
+    "trainer.resume_allow",
+    "trainer.threads",
+    "rollout.threads",
+    "trainer.eval_every",
+    "trainer.checkpoint_every",
+    "trainer.checkpoint_pause_s",
+    "trainer.samples_per_eval",
+    "trainer.tokens_per_eval",
+    "trainer.max_bad_steps",
+    "trainer.nan_at_steps",
+    "trainer.nan_logits_at_steps",
+)
+
+
+class ResumeRefused(SetupError):
+    """This resume would not continue the run in the directory; nothing in it was changed."""
+
+
+def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
+    """Before a training run builds anything: refuse a resume that cannot continue the directory's run, record
+    allowed changes, and record the config of a run that starts fresh. `write`: this process writes the run
+    directory (rank 0); the others check only, so every rank refuses alike."""
+    resume = cfg.trainer.resume
+    config = dataclasses.asdict(cfg)
+    if resume and not complete_checkpoints(run_dir / CHECKPOINTS):
+        if resume != "auto":
+            raise ResumeRefused(
+                f"trainer.resume: {run_dir} has no checkpoint to resume from; run without trainer.resume, or with "
+                "trainer.resume=auto to start fresh when there is none"
+            )
+        resume = False  # auto, and nothing to continue: a fresh start
+    if not resume:
+        log = run_dir / "metrics.jsonl"
+        if cfg.trainer.resume is False and log.exists() and log.stat().st_size:  # checked before anything is written
+            raise ResumeRefused(
+                f"hydra.run.dir: {run_dir} already holds a run; continue it with trainer.resume=true, or choose a new "
+                "directory"
+            )
+        if write:
+            atomic_write_json(run_dir / RECORD, {"config": config, "hydra": _hydra_files(run_dir)})
+        return
+    path = run_dir / RECORD
+    if not path.exists():  # a run started before run directories kept their config
+        print(f"warning: {run_dir} has no {RECORD}; the resumed config cannot be compared", file=sys.stderr)
+        return
+    record = json.loads(path.read_text(encoding="utf-8"))
+    changed = differences(record["config"], config)
+    allowed = cfg.trainer.resume_allow
+    refused = [k for k in changed if not any(k == a or k.startswith(f"{a}.") for a in allowed)]
+    if refused:
+        if write:
+            _restore_hydra_files(run_dir, record.get("hydra", {}))
+        shown = ", ".join(f"{k} {_show(changed[k][0])} -> {_show(changed[k][1])}" for k in refused)
+        raise ResumeRefused(
+            f"trainer.resume: the config differs from the run's in {run_dir} ({shown}); resume with the run's own "
+            f"config, or allow a deliberate change with trainer.resume_allow=[{','.join(refused)}]"
+        )
+    if changed and write:
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changes": changed}, default=list)
+        with open(run_dir / CHANGES, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        atomic_write_json(path, {"config": config, "hydra": _hydra_files(run_dir)})
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old, new)} of every key that differs, the free ones left out."""
+    a, b = _flat(old), _flat(new)
+    keys = sorted(set(a) | set(b))
+    return {
+        k: (a.get(k), b.get(k))
+        for k in keys
+        if _norm(a.get(k)) != _norm(b.get(k)) and not any(k == f or k.startswith(f"{f}.") for f in FREE)
+    }
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value  # JSON has no tuples
+
+
+def _show(value: Any) -> str:
+    return json.dumps(_norm(value), default=str)
+
+
+def _hydra_files(run_dir: Path) -> dict[str, str]:
+    folder = run_dir / ".hydra"
+    return {n: (folder / n).read_text(encoding="utf-8") for n in HYDRA_FILES if (folder / n).is_file()}
+
+
+def _restore_hydra_files(run_dir: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        atomic_write_text(run_dir / ".hydra" / name, text)
