@@ -156,6 +156,29 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` from a local folder or a Hugging Face hub id. A tokenizer without a pad token
     gets its EOS token as pad (batched generation needs one)."""
+    source, is_local = _model_source(path_or_id)
+    try:
+        # The model first: if it is missing, the tokenizer's own (slow, retried) hub lookup is skipped.
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:  # huggingface_hub's errors are OSErrors
+        raise _unloadable(source, is_local, e) from None
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer
+
+
+def load_tokenizer_of(path_or_id: str) -> PreTrainedTokenizerBase:
+    """The tokenizer alone (the training prompts' lengths are checked before the weights load), with
+    load_policy's one-line errors for a path that is not a model."""
+    source, is_local = _model_source(path_or_id)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise _unloadable(source, is_local, e) from None
+
+
+def _model_source(path_or_id: str) -> tuple[str, bool]:
     source = str(path_or_id)
     path = Path(source).expanduser()
     is_local = path.exists()
@@ -163,21 +186,15 @@ def load_policy(
         raise FileNotFoundError(
             f"model path {source!r} does not exist (expected a local model folder or a hub id like 'Qwen/Qwen3-4B')"
         )
-    source = str(path) if is_local else source
-    try:
-        # The model first: if it is missing, the tokenizer's own (slow, retried) hub lookup is skipped.
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as e:  # huggingface_hub's errors are OSErrors
-        reason = first_line(e)
-        if is_local:
-            where = f"folder {source!r} is not a loadable model"
-        else:
-            where = f"model {source!r} could not be found locally or downloaded from the Hugging Face hub"
-        raise OSError(f"{where}: {reason}") from None
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
+    return (str(path) if is_local else source), is_local
+
+
+def _unloadable(source: str, is_local: bool, e: Exception) -> OSError:
+    if is_local:
+        where = f"folder {source!r} is not a loadable model"
+    else:
+        where = f"model {source!r} could not be found locally or downloaded from the Hugging Face hub"
+    return OSError(f"{where}: {first_line(e)}")
 
 
 def architecture_config(architecture: dict) -> PretrainedConfig:

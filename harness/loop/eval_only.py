@@ -146,9 +146,9 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
         # --- model: base weights for the engine, then the checkpoint's on top ---
         # A missing file, a hub dataset out of reach, an unusable checkpoint: one line (SetupError), as in training.
         try:
+            problems = load_benchmark(cfg.benchmark, cfg.data)  # first: a missing benchmark costs no model build
             src = resolve_model(cfg)
             summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
-            problems = load_benchmark(cfg.benchmark, cfg.data)
             tokenizer = load_tokenizer(src.base)[0]
             prompts = render_prompts(tokenizer, problems, src.template)
             engine = engine_from_config(

@@ -35,12 +35,12 @@ from harness.lora import (
     restore_adapter,
     trainable_parameters,
 )
-from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy
+from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy, load_tokenizer_of
 from harness.objectives import get_objective
 from harness.objectives.registry import Objective
 from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
-from harness.rollout.base import RolloutEngine, load_tokenizer
+from harness.rollout.base import RolloutEngine
 from harness.tasks import arith_config, load_problems, render_prompts
 from harness.tasks.arith import Problem
 
@@ -113,7 +113,7 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
         objective = get_objective(cfg.objective.name, **_objective_values(cfg))
         # The data and its prompt lengths first: a bad file or a prompt that cannot fit costs no model load.
         train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
-        train_set = _fitting(train_set, load_tokenizer(str(model_path))[0], cfg)
+        train_set = _fitting(train_set, load_tokenizer_of(str(model_path)), cfg)
         # Sharded runs load on the CPU: fully_shard moves each rank's shard to its GPU, so no GPU ever holds
         # the whole model.
         policy, tokenizer = load_policy(
