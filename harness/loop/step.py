@@ -305,10 +305,10 @@ def _finite_inputs(lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | No
     """The model's outputs the objective reads (and the engine's mu), finite wherever the response mask is on."""
     m = b.mask > 0
     tensors = [lp.logp.detach(), b.behavior_logp, lp.entropy, old_logp]
-    ok = all(bool(torch.isfinite(x[m]).all()) for x in tensors if x is not None)
+    bad = [(~torch.isfinite(x.detach()) & m).any() for x in tensors if x is not None]
     if lp.topk_logp is not None:  # -inf is a legitimate top-K log-prob far in the tail; NaN is not
-        ok = ok and not bool(torch.isnan(lp.topk_logp.detach()[m]).any())
-    return ok
+        bad.append((torch.isnan(lp.topk_logp.detach()) & m[..., None]).any())
+    return not bool(torch.stack(bad).any())  # one host sync per update, as in the objective's own input check
 
 
 def minibatch_loss(
