@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from harness.objectives import FAMILIES, OBJECTIVE_NAMES, get_objective
+from harness.objectives.registry import PRESET_DIR
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "objective"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "objective"  # a link to harness/objectives/presets
 
 EXPECTED_NAMES = {
     "ppo",
@@ -38,6 +39,7 @@ EXPECTED_NAMES = {
 
 
 def test_yaml_stems_are_the_registry():
+    assert CONF.resolve() == PRESET_DIR  # Hydra's objective group is the package's presets, not a copy
     assert set(OBJECTIVE_NAMES) == {p.stem for p in CONF.glob("*.yaml")} == EXPECTED_NAMES
     for name in OBJECTIVE_NAMES:
         obj = get_objective(name)

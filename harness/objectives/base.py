@@ -10,7 +10,9 @@ AggMode = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-to
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    name: str = field(default="", metadata={"help": "preset name: the conf/objective/<name>.yaml stem"})
+    name: str = field(
+        default="", metadata={"help": "preset name: a conf/objective/<name>.yaml stem (harness/objectives/presets/)"}
+    )
     family: str = field(default="", metadata={"help": "implementation family (set by the preset YAML)"})
     anchor: Literal["behavior", "old"] = field(
         default="behavior",

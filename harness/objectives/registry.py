@@ -1,7 +1,9 @@
-"""Objective registry: name (= conf/objective/<name>.yaml stem) -> pure function + validated config.
+"""Objective registry: name (= presets/<name>.yaml stem) -> pure function + validated config.
 
 A preset is data: its YAML names the family (the function and its config schema) and the values. Adding an
 objective touches three files: a family module (or a new preset of an existing one), the YAML, and a test.
+The presets ship inside the package (package data), so an installed wheel has them all; in a checkout
+`conf/objective` links to the same folder, so Hydra's `objective=<name>` group reads these very files.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from harness.objectives.base import ObjectiveConfig
 from harness.objectives.common import ObjectiveOutput
 from harness.schema import build
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "objective"
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 FAMILIES: dict[str, tuple[Callable[..., ObjectiveOutput], type[ObjectiveConfig]]] = {
     "pg": (ratio.pg, ratio.PGConfig),
@@ -37,12 +39,14 @@ FAMILIES: dict[str, tuple[Callable[..., ObjectiveOutput], type[ObjectiveConfig]]
 @cache
 def _presets() -> dict[str, dict[str, Any]]:
     out = {}
-    for path in sorted(CONF_DIR.glob("*.yaml")):
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
         values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         if not isinstance(values, dict) or values.get("family") not in FAMILIES:
             raise ValueError(f"{path}: 'family' must be one of {', '.join(FAMILIES)}")
         values.pop("defaults", None)  # Hydra's link to the schema defaults; the schema itself holds those
         out[path.stem] = values
+    if not out:  # an install without its package data would otherwise look like a registry with no objectives
+        raise RuntimeError(f"{PRESET_DIR}: no objective presets (*.yaml); the package was installed without its data")
     return out
 
 
