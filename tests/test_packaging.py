@@ -61,7 +61,7 @@ def test_wheel_installs_with_every_preset(tmp_path):
 
     got = json.loads(_run(sys.executable, "-c", PROBE, site, cwd=elsewhere))
     assert Path(got["file"]).resolve().is_relative_to(site.resolve())  # the wheel's copy, not a checkout's
-    assert len(PRESETS) == 23 and sorted(got["names"]) == PRESETS
+    assert PRESETS and sorted(got["names"]) == PRESETS  # test_objective_registry.py pins the set itself
     assert got["dppo"] == ["dppo", "binary_tv", 0.15]  # harness/objectives/presets/dppo.yaml
 
     # The wheel's own metadata: the core is ranges; the exact CPU pins come only with the `cpu` extra.
