@@ -1,1 +1,1 @@
-"""Adapters that expose the objectives library to other RL frameworks (each imports its framework on demand)."""
+"""Adapters that run our objectives inside other RL frameworks (each needs its extra installed)."""

@@ -1,0 +1,142 @@
+"""Our objectives as the loss of TRL's GRPOTrainer (the `trl` extra: `pip install -e '.[trl]'`, TRL 1.16.0).
+
+    from trl import GRPOConfig
+    from harness.integrations.trl import TrustRegionGRPOTrainer
+
+    trainer = TrustRegionGRPOTrainer(model=path, reward_funcs=[reward], args=GRPOConfig(...), train_dataset=data,
+                                     objective="dppo")  # a name in OBJECTIVE_NAMES, or get_objective(name, **overrides)
+    trainer.train()
+
+TRL still generates, scores, computes advantages and batches; only `_compute_loss` is replaced. How one TRL
+micro-batch maps onto the objective's tensors:
+
+- logp: TRL's per-token log-probs of the completion under the model being trained (its fused LM head, on
+  logits / temperature), with grad.
+- behavior_logp (mu, the trust-region anchor): the sampler's own log-probs when TRL has them
+  (`sampling_per_token_logps`: vLLM, which TRL runs with processed logprobs, or a rollout_func's). With HF
+  generation the sampler is the policy as it was at generation time, so mu is TRL's recompute right after
+  generation (`old_per_token_logps`). TRL skips that forward when the weights cannot have moved since generation
+  (num_iterations=1 and each generation batch used within one optimizer step); mu is then logp itself, detached.
+- old_logp (the anchor of the `*_recompute`/MiniRL ablations): `old_per_token_logps`, or logp detached when
+  TRL skipped it for the same reason.
+- advantages: TRL's per-sequence advantages broadcast over the completion tokens; mask: completion_mask (times
+  tool_mask in multi-turn tool use; a truncated completion is all 0 under mask_truncated_completions).
+
+The loss is `aggregate(loss_mat, mask, objective.agg, horizon)`, horizon = max_completion_length unless given,
+divided by the gradient-accumulation steps as TRL's bnpo/dr_grpo losses are (each micro-batch counts 1/GA).
+TRL's own loss settings (loss_type, epsilon, epsilon_high, delta, and the vLLM importance-sampling ratio) are not
+used: the objective's importance weight is already pi/mu. Settings that would add a term this loss leaves out are
+refused in one line. The objective's metrics (objective/masked_frac, ...) are logged beside TRL's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from trl import GRPOConfig, GRPOTrainer
+
+from harness.objectives import Objective, aggregate, get_objective
+
+# The extra forward inputs of TRL's multimodal models, passed on to its log-prob helper as its own loss does.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def anchors(inputs: Mapping[str, Any], logp: Tensor) -> tuple[Tensor, Tensor]:
+    """(behavior_logp, old_logp) of one TRL micro-batch, as the module docstring maps them."""
+    # TRL leaves old_per_token_logps out only when the weights have not moved since generation: it equals logp.
+    old = inputs.get("old_per_token_logps")
+    old = logp.detach() if old is None else old
+    mu = inputs.get("sampling_per_token_logps")
+    if mu is None:
+        return old, old
+    # TRL stores NaN for a token vLLM could not score; the trainer's recompute of it stands in there.
+    return torch.where(torch.isnan(mu), old, mu), old
+
+
+def _refused(args: GRPOConfig, aux_loss: bool) -> str | None:
+    """The first GRPOConfig setting that would change the loss in a way this trainer does not reproduce."""
+    checks = (
+        ("beta", args.beta != 0.0, "0.0 (the objectives carry no KL-to-reference term)"),
+        ("top_entropy_quantile", args.top_entropy_quantile < 1.0, "1.0 (no entropy-based token mask)"),
+        ("off_policy_mask_threshold", args.off_policy_mask_threshold is not None, "None (the trust region masks)"),
+        ("entropy_coef", args.entropy_coef != 0.0 or args.use_adaptive_entropy, "0.0 with use_adaptive_entropy off"),
+        ("importance_sampling_level", args.importance_sampling_level != "token", "'token' (ratios are per token)"),
+        ("router_aux_loss_coef", aux_loss, "0.0 (no MoE load-balancing term)"),
+    )
+    for key, bad, allowed in checks:
+        if bad:
+            value = getattr(args, key)
+            return f"GRPOConfig.{key}: TrustRegionGRPOTrainer supports only {allowed}, got {value!r}"
+    return None
+
+
+class TrustRegionGRPOTrainer(GRPOTrainer):
+    """A GRPOTrainer whose loss is one of our objectives; every other argument is GRPOTrainer's."""
+
+    def __init__(
+        self, *args: Any, objective: str | Objective = "dppo", horizon: int | None = None, **kwargs: Any
+    ) -> None:
+        # Not `self.objective`: transformers' Trainer writes that attribute during hyper-parameter search.
+        self.trust_region = get_objective(objective) if isinstance(objective, str) else objective
+        cfg = self.trust_region.cfg
+        if cfg.needs_topk or cfg.topk > 1:
+            raise ValueError(
+                f"objective '{self.trust_region.name}' needs the rollout's top-{cfg.topk} log-probs, which TRL's "
+                "GRPOTrainer does not pass to its loss (it keeps only the sampled token's); use a binary objective "
+                "such as dppo or dppo_kl"
+            )
+        if horizon is not None and horizon <= 0:
+            raise ValueError(
+                f"horizon: must be a positive token count (the constant of seq-mean-token-sum-norm), got {horizon}"
+            )
+        super().__init__(*args, **kwargs)
+        refused = _refused(self.args, self.aux_loss_enabled)
+        if refused:
+            raise ValueError(refused)
+        self.horizon = horizon or self.args.max_completion_length
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        logp, entropy, _ = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        behavior_logp, old_logp = anchors(inputs, logp)
+        adv = inputs["advantages"]
+        adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(logp)
+        out = self.trust_region(logp=logp, behavior_logp=behavior_logp, advantages=adv, mask=mask, old_logp=old_logp)
+        loss = aggregate(out.loss_mat, mask, self.trust_region.cfg.agg, self.horizon)
+        mode = "train" if self.model.training else "eval"
+        if mode == "train":  # TRL sums the micro-batches' gradients over an accumulation window
+            loss = loss / self.current_gradient_accumulation_steps
+        self._log_objective(mode, out.metrics, entropy, mask)
+        return loss
+
+    def _log_objective(self, mode: str, metrics: dict[str, Tensor], entropy: Tensor, mask: Tensor) -> None:
+        """The objective's metrics and TRL's `entropy`, averaged over processes with one gather and one sync."""
+        m = mask > 0
+        keys = [*metrics, "entropy"]
+        values = torch.stack([*(v.float() for v in metrics.values()), (entropy * m).sum() / m.sum().clamp(min=1)])
+        for key, value in zip(keys, self.accelerator.gather(values.detach()[None]).mean(0).tolist(), strict=True):
+            self._metrics[mode][key].append(value)

@@ -1,0 +1,140 @@
+"""TRL adapter (harness/integrations/trl.py): TRL's GRPOTrainer trains the small tiny model with our objectives.
+
+Each step's loss, as the trainer computed it, must equal our objective on the same batch: logp from a plain forward
+of the model at that step's weights, mu = the log-probs of the policy that generated (HF generation), TRL's
+advantages broadcast over the completion, aggregated as the objective says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl", reason="the trl extra is not installed: pip install -e '.[trl]'")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+from harness.config import compose, validate  # noqa: E402
+from harness.integrations.trl import TrustRegionGRPOTrainer, anchors  # noqa: E402
+from harness.loop.state import model_dir  # noqa: E402
+from harness.objectives import aggregate, get_objective  # noqa: E402
+from harness.tasks.templates import render  # noqa: E402
+
+TOKENS = 8  # max_completion_length, and so the seq-mean-token-sum-norm horizon
+PAIRS = [(1, 2), (3, 4), (5, 6), (7, 8)]
+
+
+@pytest.fixture(scope="module")
+def model_path(small_model: list[str]) -> str:
+    return str(model_dir(validate(compose(*small_model))))
+
+
+def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """1 for the answer in the completion, plus a little per digit, so groups rarely tie."""
+    return [float(a in c) + 0.1 * sum(ch.isdigit() for ch in c) for c, a in zip(completions, answer, strict=True)]
+
+
+def config(out: Path, **kw: Any) -> GRPOConfig:
+    # num_iterations=2: each generation batch trains twice, so on its second step the weights have moved since
+    # generation, pi != mu, and the trust region has something to do.
+    values = dict(
+        output_dir=str(out), max_steps=3, per_device_train_batch_size=8, num_generations=4, steps_per_generation=1,
+        num_iterations=2, max_completion_length=TOKENS, learning_rate=1e-2, beta=0.0, scale_rewards="none",
+        use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True,
+    )  # fmt: skip
+    return GRPOConfig(**{**values, **kw})
+
+
+def plain_logp(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    """log pi of each completion token from the model's ordinary forward (not TRL's fused head), temperature 1."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    t = inputs["completion_ids"].size(1)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, -t - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+class Recording(TrustRegionGRPOTrainer):
+    """Keeps each step's batch, the loss the trainer returned and a plain-forward logp at the same weights."""
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        loss = super()._compute_loss(model, inputs)
+        with torch.no_grad():
+            logp = plain_logp(model, inputs)
+        self.steps.append((dict(inputs), loss.detach(), logp))
+        return loss
+
+
+@pytest.mark.parametrize("name", ["dppo", "drpo"])
+def test_trl_trains_with_our_objective_and_its_loss_is_ours(tmp_path, model_path, name):
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    data = Dataset.from_dict(
+        {
+            "prompt": [render(tokenizer, f"What is {a} + {b}?", "chat") for a, b in PAIRS],
+            "answer": [str(a + b) for a, b in PAIRS],
+        }
+    )
+    trainer = Recording(
+        model=model_path, reward_funcs=[reward], args=config(tmp_path), train_dataset=data,
+        processing_class=tokenizer, objective=name,
+    )  # fmt: skip
+    trainer.steps = []
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+
+    objective = get_objective(name)
+    assert len(trainer.steps) == 3
+    for i, (inputs, trainer_loss, logp) in enumerate(trainer.steps):
+        # HF generation: the behaviour policy is the model at generation time, whose log-probs TRL recomputed.
+        mu = inputs["old_per_token_logps"]
+        mask = inputs["completion_mask"]
+        if i != 1:  # a fresh generation batch: the weights are the generating ones, so mu is this very logp
+            torch.testing.assert_close(mu[mask > 0], logp[mask > 0], atol=1e-5, rtol=0)
+        adv = inputs["advantages"].unsqueeze(1).expand_as(logp)
+        out = objective(logp=logp, behavior_logp=mu, advantages=adv, mask=mask)
+        ours = aggregate(out.loss_mat, mask, objective.cfg.agg, horizon=TOKENS)
+        torch.testing.assert_close(trainer_loss, ours, atol=1e-6, rtol=1e-5)
+        if i == 1:  # on a fresh batch pi == mu up to rounding, where a strict threshold (w > 1) flips on noise
+            logged = trainer.state.log_history[i]
+            for key, value in out.metrics.items():
+                assert logged[key] == pytest.approx(value.item(), abs=1e-5), key
+
+    # On the reused batch the anchor matters: with mu taken as the current policy the loss would differ.
+    inputs, trainer_loss, logp = trainer.steps[1]
+    mask = inputs["completion_mask"]
+    adv = inputs["advantages"].unsqueeze(1).expand_as(logp)
+    wrong_anchor = aggregate(objective(logp=logp, behavior_logp=logp, advantages=adv, mask=mask).loss_mat, mask,
+                             objective.cfg.agg, horizon=TOKENS)  # fmt: skip
+    assert abs(wrong_anchor - trainer_loss) > 1e-2
+    assert trainer.state.log_history[1]["objective/ratio_max"] > 1.5  # pi moved away from mu on some token
+
+    moved = max((trainer.model.state_dict()[k] - v).abs().max().item() for k, v in before.items())
+    assert moved > 1e-4
+
+
+def test_trl_adapter_refuses_what_it_cannot_reproduce(tmp_path, model_path):
+    kw = dict(model=model_path, reward_funcs=[reward], train_dataset=Dataset.from_dict({"prompt": ["1 + 1"]}))
+    with pytest.raises(ValueError, match=r"objective 'dppo_topk_tv' needs the rollout's top-20 log-probs"):
+        TrustRegionGRPOTrainer(args=config(tmp_path), objective="dppo_topk_tv", **kw)
+    with pytest.raises(ValueError, match=r"^GRPOConfig.beta: TrustRegionGRPOTrainer supports only 0.0 .*got 0.04$"):
+        TrustRegionGRPOTrainer(args=config(tmp_path, beta=0.04), objective="dppo", **kw)
+
+
+def test_anchors_take_the_samplers_logprobs_and_the_recompute_where_it_has_none():
+    logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -2.5, -3.5]])
+    sampled = torch.tensor([[-1.25, float("nan"), -3.25]])  # vLLM could not score the second token
+    # HF generation, weights unchanged since generation: TRL sends neither; both anchors are logp, detached.
+    mu, pi_old = anchors({}, logp)
+    assert mu.tolist() == pi_old.tolist() == [[-1.0, -2.0, -3.0]] and not mu.requires_grad
+    # HF generation, weights moved since: TRL's recompute right after generation is both.
+    mu, pi_old = anchors({"old_per_token_logps": old}, logp)
+    assert mu.tolist() == pi_old.tolist() == [[-1.5, -2.5, -3.5]]
+    # vLLM: mu is the engine's, the recompute filling the token it could not score; old_logp is the recompute.
+    mu, pi_old = anchors({"old_per_token_logps": old, "sampling_per_token_logps": sampled}, logp)
+    assert mu.tolist() == [[-1.25, -2.5, -3.25]] and pi_old.tolist() == [[-1.5, -2.5, -3.5]]
