@@ -87,20 +87,22 @@ def test_sigkill_anywhere_then_resume_matches_an_uninterrupted_run(tmp_path, sma
     wait_for(lambda: 3 in metric_steps(run_dir), proc)
     kill(proc)
     assert summary_of(run_dir)["pid"] == proc.pid and 3 in metric_steps(run_dir)
-    # 2. In the middle of writing checkpoint 4 (files written, folder not yet renamed into place).
-    proc = start(run_dir, small_model, "trainer.resume=true", "trainer.checkpoint_pause_s=30", engine=engine)
-    ckpts = run_dir / "checkpoints"
-    wait_for(lambda: any(p.name.startswith(".tmp-step_4") for p in ckpts.iterdir()), proc)
-    kill(proc)
-    assert summary_of(run_dir)["pid"] == proc.pid
-    assert not (ckpts / "step_4").exists()  # the half-written checkpoint never looks complete
-    # 3. Right after a resume started: this process restored checkpoint 2 and cut the logs back to it (its pid
-    # and resumed_from_step are in summary.json), and has not finished the step after it.
-    proc = start(run_dir, small_model, "trainer.resume=true", engine=engine)
-    resumed = lambda: summary_of(run_dir).get("pid") == proc.pid and summary_of(run_dir).get("resumed_from_step") == 2  # noqa: E731
-    wait_for(resumed, proc)
-    kill(proc)
-    assert metric_steps(run_dir) == [1, 2], "killed after the resumed run's first step, not right after it started"
+    # Points 2 and 3 test the checkpoint writer and the log cut-back, which no engine touches; a vLLM start costs
+    # ~40 s here, so the vLLM drill keeps the kill between checkpoints and the resume after it.
+    if engine == "hf":
+        # 2. In the middle of writing checkpoint 4 (files written, folder not yet renamed into place).
+        proc = start(run_dir, small_model, "trainer.resume=true", "trainer.checkpoint_pause_s=30", engine=engine)
+        ckpts = run_dir / "checkpoints"
+        wait_for(lambda: any(p.name.startswith(".tmp-step_4") for p in ckpts.iterdir()), proc)
+        kill(proc)
+        assert summary_of(run_dir)["pid"] == proc.pid
+        assert not (ckpts / "step_4").exists()  # the half-written checkpoint never looks complete
+        # 3. Right after a resume started: this process restored checkpoint 2 and cut the logs back to it (its pid
+        # and resumed_from_step are in summary.json), and has not finished the step after it.
+        proc = start(run_dir, small_model, "trainer.resume=true", engine=engine)
+        wait_for(lambda: summary_of(run_dir).items() >= {"pid": proc.pid, "resumed_from_step": 2}.items(), proc)
+        kill(proc)
+        assert metric_steps(run_dir) == [1, 2], "killed after the resumed run's first step, not right after it started"
     # 4. Finish.
     res = subprocess.run(
         command(run_dir, small_model, "trainer.resume=true", engine=engine),
