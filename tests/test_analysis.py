@@ -368,15 +368,19 @@ def _wandb_record(obj: str, seed: int, state: str, redo_last: bool = False) -> d
             log({"step": k, "eval/arith/avg@4": v, "eval/arith/pass@4": 1.0})
             log({"step": k, "samples": {"_type": "table-file", "path": "media/table.json"}})
     cfg = _config("exp_a", obj, seed, DELTA[obj])
+    # RunLog's layout (harness/loop/wandb_run.py): filter fields on top, the config under `cfg`, job type train.
+    # Seed 0's runs keep the layout of earlier versions: the config on top, the objective as the job type.
+    legacy = seed == 0
+    fields = {"objective": obj, "precision": "fp32", "model": "tiny", "seed": seed, "experiment": "exp_a"}
     return {
         "id": f"{obj}-{seed}",
         "entity": "ent",
         "project": "proj",
         "group": "exp_a",
-        "job_type": obj,
+        "job_type": obj if legacy else "train",
         "tags": ["tiny", "fp32"],
         "state": state,
-        "config": {**cfg, "_wandb": {"cli_version": "0.31.0"}},
+        "config": {**(cfg if legacy else {**fields, "cfg": cfg}), "_wandb": {"cli_version": "0.31.0"}},
         "summary": {"status": "completed", "_step": len(history) - 1} if state == "finished" else {},
         "history": history,
     }
