@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from harness.loop.runlog import read_jsonl
 
@@ -258,7 +259,8 @@ def _local_runs(roots: Sequence[Path | str]) -> list[_Run]:
     runs: list[_Run] = []
     seen: set[Path] = set()
     for root in roots:
-        for run_dir in find_run_dirs([root]):
+        # Hundreds of runs take a while to read: a bar on stderr, on a terminal only (make figures).
+        for run_dir in tqdm(find_run_dirs([root]), desc=f"reading {root}", unit="run", leave=False, disable=None):
             if run_dir.resolve() in seen:  # overlapping roots (outputs and outputs/exp) list a run once
                 continue
             seen.add(run_dir.resolve())
