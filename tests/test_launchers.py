@@ -186,3 +186,23 @@ def test_ray_config_composes():
     assert launcher["_target_"] == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
     assert launcher["ray"]["init"]["address"] is None  # a local Ray unless ray.init.address=auto (a cluster)
     assert launcher["ray"]["remote"] == {"num_gpus": 1}
+
+
+def test_sweep_size_counts_the_experiment_params_and_globs():
+    """The [k/N] of the per-job lines: N from hydra.sweeper.params (an experiment file) and the command line, the way
+    the basic sweeper expands them (a key given twice takes its last value)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import open_dict
+
+    from harness.cli import group_options, sweep_plan
+    from harness.config import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["+experiment=mini_dppo_main"], return_hydra_config=True)
+    dppo = len([o for o in group_options("objective") if o.startswith("dppo")])
+    with open_dict(cfg):
+        cfg.hydra.overrides.task = ["+experiment=mini_dppo_main", "seed=0,1", "objective=glob(dppo*)"]
+    # 4 arms x 2 seeds (the command line's seed replaces the file's 0,1,2) x the dppo* objectives.
+    assert sweep_plan(cfg) == (4 * 2 * dppo, ["+experiment/arm", "seed", "objective"])
