@@ -70,9 +70,13 @@ MINI_JOBS ?= 2
 MINI ?= $(wildcard experiments/mini_*.yaml)
 .PHONY: mini-repro
 mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the papers' figures), 26 min on 2 cores
-	@failed=""; for f in $(MINI); do name=$$(basename $$f .yaml); echo "== $$name"; \
-	  $(PY) run.py -m +experiment=$$name hydra/launcher=joblib hydra.launcher.n_jobs=$(MINI_JOBS) \
-	  || failed="$$failed $$name"; done; \
+	@set -- $(MINI); total=$$#; i=0; start=$$SECONDS; failed=""; \
+	for f in "$$@"; do i=$$((i + 1)); name=$$(basename $$f .yaml); t0=$$SECONDS; \
+	  echo "== [$$i/$$total] $$name (elapsed $$(((SECONDS - start) / 60)) min)"; \
+	  if $(PY) run.py -m +experiment=$$name hydra/launcher=joblib hydra.launcher.n_jobs=$(MINI_JOBS); then \
+	    status=done; else status=failed; failed="$$failed $$name"; fi; \
+	  echo "== [$$i/$$total] $$name $$status in $$((SECONDS - t0)) s (elapsed $$(((SECONDS - start) / 60)) min)"; \
+	done; \
 	if [ -n "$$failed" ]; then echo "mini-repro: failed:$$failed" >&2; exit 1; fi
 
 # The findings suite (findings/suite.yaml): runs two one-thread jobs at a time, skips runs already complete, then

@@ -3,8 +3,10 @@
 Writes figures/<experiment>/<figure>.png, figures/<experiment>/table.{md,csv,tex}, the token figures of runs that
 saved tokens.parquet, figures/<experiment>/clipped_tokens.{md,csv} (App. D) from runs that wrote
 clipped_tokens.csv, the analytic trust-region geometry once under figures/geometry/, and figures/index.md,
-and prints each path. A figure whose data the runs did not log is skipped with a one-line note. Training curves
-are Gaussian-smoothed (sigma = 2 steps, the papers' Figs 13-17) over the faded raw curve unless told otherwise.
+and prints each path (after a line per experiment as it starts, `[2/5] <name>: <n> runs (elapsed ...)`; reading
+the runs shows a bar on a terminal). A figure whose data the runs did not log is skipped with a one-line note.
+Training curves are Gaussian-smoothed (sigma = 2 steps, the papers' Figs 13-17) over the faded raw curve unless told
+otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import logging
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -174,10 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--geometry-objectives: unknown {', '.join(bad)}; valid objectives: {', '.join(OBJECTIVE_NAMES)}")
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
 
+    started = time.monotonic()
     rs = load_runs(args.roots, include_failed=args.include_failed)
     if rs.summaries.empty:
         print(f"no runs found under {', '.join(args.roots)}: nothing to plot")
         return 0
+    print(f"read {len(rs.summaries)} runs of {len(rs.experiments)} experiments in {time.monotonic() - started:.0f} s")
     names = rs.experiments
     if args.experiment is not None:
         if args.experiment not in names:
@@ -186,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         names = [args.experiment]
     out = Path(args.out)
     built: dict[str, tuple[list[Path], pd.DataFrame | None]] = {}
-    for name in names:
+    for i, name in enumerate(names, 1):
+        runs = len(rs.experiment(name).summaries)
+        print(f"[{i}/{len(names)}] {name}: {runs} runs (elapsed {time.monotonic() - started:.0f} s)", flush=True)
         built[name] = build_experiment(
             rs.experiment(name), name, out / _safe(name), pdf=args.pdf, smooth=args.smooth, sigma=sigma
         )
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {p}")
     geometry: list[Path] = []
     if not args.no_geometry:
+        print(f"geometry: analytic figures (elapsed {time.monotonic() - started:.0f} s)", flush=True)
         geometry = write_analytic_figures(out / GEOMETRY_DIR, args.geometry_objectives)
         for p in geometry:
             print(f"wrote {p}")

@@ -2,8 +2,9 @@
 
 Builds a saved view with `wandb-workspaces`: one section per metric family (reward and evaluation, entropy and
 length, training-inference mismatch, trust region), each panel a line plot against the logged `step` with one
-line per objective (runs grouped by W&B job type, which RunLog sets to the objective; mean over seeds with a
-standard-error band) and, with --experiment, only that experiment's runs (W&B group = experiment name).
+line per objective (runs grouped by the top-level config field `objective`; mean over seeds with a standard-error
+band). Only training runs are shown (job type "train": eval-only runs are left out) and, with --experiment, only
+that experiment's (W&B group = experiment name). harness/loop/wandb_run.py sets these fields.
 
 The workspace is saved only when W&B runs online (`--mode online` or WANDB_MODE=online); otherwise the command
 prints what it built and saves nothing, so it is safe to run on an offline machine.
@@ -19,8 +20,9 @@ from typing import Any
 
 from harness.loop.runlog import WandbSettings, resolve_wandb_mode
 
-# RunLog sets job_type = objective and group = experiment (harness/loop/state.py wandb_settings).
-GROUP_BY = "JobType"
+# harness/loop/wandb_run.py: config.objective (top level), job_type = train | eval, group = experiment.
+GROUP_BY = "objective"  # a config key
+JOB_TYPE_KEY = "JobType"
 EXPERIMENT_KEY = "Group"
 X_AXIS = "step"  # RunLog's own step metric: training lines and eval lines share it (W&B's _step does not)
 
@@ -87,21 +89,23 @@ def build_workspace(entity: str, project: str, experiment: str | None = None, na
                 title_x="training step",
                 title_y=spec.ylabel,
                 log_y=spec.log_y or None,
-                groupby=GROUP_BY,
+                groupby=wr.Config(GROUP_BY),
                 groupby_aggfunc="mean",
                 groupby_rangefunc="stderr",
             )
             for spec in specs
         ]
         sections.append(ws.Section(name=title, panels=panels, is_open=True))
-    filters = expr.And(expr.Metric(EXPERIMENT_KEY) == experiment) if experiment else ""
+    filters = [expr.Metric(JOB_TYPE_KEY) == "train"]
+    if experiment:
+        filters.append(expr.Metric(EXPERIMENT_KEY) == experiment)
     return ws.Workspace(
         entity=entity,
         project=project,
         name=name or f"trust regions: {experiment or 'all experiments'}",
         sections=sections,
         settings=ws.WorkspaceSettings(x_axis=X_AXIS),
-        runset_settings=ws.RunsetSettings(filters=filters, groupby=[expr.Metric(GROUP_BY)]),
+        runset_settings=ws.RunsetSettings(filters=expr.And(*filters), groupby=[expr.Config(GROUP_BY)]),
     )
 
 

@@ -13,7 +13,8 @@ eval scores as `eval/<benchmark>/<key>` (W&B's names), and the short columns `ex
 `precision`, `model` next to the dotted config keys.
 
 A root spelled `wandb:<entity>/<project>` is read through the W&B public API instead (runs mirrored by RunLog:
-group = experiment, job_type = objective) and gives frames of the same shape; only that path needs a network.
+group = experiment, job_type = train | eval, the whole config under `cfg`; harness/loop/wandb_run.py) and gives
+frames of the same shape; only that path needs a network.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from harness.loop.runlog import read_jsonl
 
@@ -257,7 +259,8 @@ def _local_runs(roots: Sequence[Path | str]) -> list[_Run]:
     runs: list[_Run] = []
     seen: set[Path] = set()
     for root in roots:
-        for run_dir in find_run_dirs([root]):
+        # Hundreds of runs take a while to read: a bar on stderr, on a terminal only (make figures).
+        for run_dir in tqdm(find_run_dirs([root]), desc=f"reading {root}", unit="run", leave=False, disable=None):
             if run_dir.resolve() in seen:  # overlapping roots (outputs and outputs/exp) list a run once
                 continue
             seen.add(run_dir.resolve())
@@ -385,8 +388,9 @@ def runset_from_wandb(records: Iterable[Mapping[str, Any]], include_failed: bool
         if cfg.get("name") is None:
             cfg["name"] = "default"
             logger.warning("%s: no experiment name in the config or the W&B group; using 'default'", run)
-        if "objective.name" not in cfg and "objective" not in cfg and rec.get("job_type"):
-            cfg["objective.name"] = rec["job_type"]  # RunLog's W&B job type is the objective
+        legacy_job_type = rec.get("job_type") not in (None, "train", "eval")  # before train/eval: the objective
+        if "objective.name" not in cfg and "objective" not in cfg and legacy_job_type:
+            cfg["objective.name"] = rec["job_type"]
         summary = _flat_summary({k: v for k, v in (rec.get("summary") or {}).items() if not k.startswith("_")})
         if summary["status"] not in ("completed", "failed"):
             summary["status"] = _WANDB_STATES.get(str(rec.get("state")), "missing")
@@ -397,12 +401,15 @@ def runset_from_wandb(records: Iterable[Mapping[str, Any]], include_failed: bool
 
 
 def _unwrap_wandb_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The API gives the logged values; a raw config-file dump wraps each as {"value": v, "desc": ...}."""
+    """The run's config as .hydra/config.yaml holds it. The API gives the logged values; a raw config-file dump
+    wraps each as {"value": v, "desc": ...}. RunLog logs it under `cfg`, beside the top-level filter fields
+    (`objective`, `seed`, ...: harness/loop/wandb_run.py); runs logged before that have it at the top."""
     items = {k: v for k, v in config.items() if not k.startswith("_")}  # _wandb: W&B's own bookkeeping
     wrapped = items and all(
         isinstance(v, dict) and "value" in v and set(v) <= {"value", "desc"} for v in items.values()
     )
-    return {k: v["value"] for k, v in items.items()} if wrapped else items
+    values = {k: v["value"] for k, v in items.items()} if wrapped else items
+    return dict(values["cfg"]) if isinstance(values.get("cfg"), dict) else values
 
 
 def _is_value(v: Any) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from harness.loop.evaluate import fit_prompts
+from harness.loop.evaluate import eval_label, fit_prompts
 
 TINY = "tiny"  # reward.model_path value that builds the tiny reward model on the policy's tokenizer
 MAX_CONFIG_BYTES = 10_000_000
@@ -289,8 +289,9 @@ def evaluate_rm(
     "truncated_frac", "prompt_truncated_frac", "problems": [{"id", "kind", "n", "rm_score"}]}."""
     prompts, n_cut = fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
     ro = engine.generate(
-        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p
-    )
+        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p,
+        progress=eval_label(len(prompts), n),
+    )  # fmt: skip
     rows = [problems[int(g)] for g in ro.group]
     scores, metrics = scorer.rewards(rows, ro.texts)
     per_problem: dict[int, list[float]] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -300,6 +301,12 @@ def test_cli_writes_every_experiment(
         assert (out / rel).is_file(), rel
         assert f"wrote {out / rel}" in res.stdout
     assert not (out / "geometry" / "gradient_weight_grpo.png").exists()
+    # Progress: the runs read, then a line as each experiment starts (before its files), then the geometry.
+    lines = res.stdout.splitlines()
+    assert re.fullmatch(r"read 14 runs of 2 experiments in \d+ s", lines[0]), lines[0]
+    starts = [i for i, line in enumerate(lines) if re.fullmatch(r"\[\d/2\] \w+: \d+ runs \(elapsed \d+ s\)", line)]
+    assert [lines[i].split(":")[0] for i in starts] == ["[1/2] exp_a", "[2/2] sweep_b"]
+    assert lines.index(f"wrote {out / 'exp_a/table.md'}") > starts[0] and lines[starts[1] - 1].startswith("wrote")
     assert "skip exp_a/drpo_weights: no values for objective/neg_weight_frac" in res.stdout
     assert "skip exp_a/tokens_*: no tokens.parquet in its 6 runs" in res.stdout
     # The paper figures whose keys these runs did not log are skipped with their reason.
@@ -368,15 +375,19 @@ def _wandb_record(obj: str, seed: int, state: str, redo_last: bool = False) -> d
             log({"step": k, "eval/arith/avg@4": v, "eval/arith/pass@4": 1.0})
             log({"step": k, "samples": {"_type": "table-file", "path": "media/table.json"}})
     cfg = _config("exp_a", obj, seed, DELTA[obj])
+    # RunLog's layout (harness/loop/wandb_run.py): filter fields on top, the config under `cfg`, job type train.
+    # Seed 0's runs keep the layout of earlier versions: the config on top, the objective as the job type.
+    legacy = seed == 0
+    fields = {"objective": obj, "precision": "fp32", "model": "tiny", "seed": seed, "experiment": "exp_a"}
     return {
         "id": f"{obj}-{seed}",
         "entity": "ent",
         "project": "proj",
         "group": "exp_a",
-        "job_type": obj,
+        "job_type": obj if legacy else "train",
         "tags": ["tiny", "fp32"],
         "state": state,
-        "config": {**cfg, "_wandb": {"cli_version": "0.31.0"}},
+        "config": {**(cfg if legacy else {**fields, "cfg": cfg}), "_wandb": {"cli_version": "0.31.0"}},
         "summary": {"status": "completed", "_step": len(history) - 1} if state == "finished" else {},
         "history": history,
     }

@@ -274,8 +274,10 @@ class ScriptedEngine:
         self.texts, self.finished, self.max_model_len = texts, finished, max_model_len
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompts, n, max_new_tokens, topk=1, temperature=1.0, seed=None, top_p=1.0) -> Rollout:
-        self.prompts = prompts
+    def generate(
+        self, prompts, n, max_new_tokens, topk=1, temperature=1.0, seed=None, top_p=1.0, progress=None
+    ) -> Rollout:
+        self.prompts, self.progress = prompts, progress
         b, t = len(prompts) * n, 3
         assert len(self.texts) == b
         return Rollout(
@@ -324,6 +326,7 @@ def test_evaluate_hand_computed_scores():
         {"id": "p0", "question": "Q0", "completion": "\\boxed{5}", "answer": "5", "prediction": "5", "correct": True}
     ]
     json.dumps(record)  # the eval.jsonl line is plain JSON
+    assert engine.progress == "eval 2 problems x 4"  # the engine's progress bar (tests/test_rollout.py)
 
 
 def test_evaluate_cuts_or_rejects_over_long_prompts():

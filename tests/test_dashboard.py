@@ -33,8 +33,8 @@ def test_sections_panels_and_grouping() -> None:
         for panel in section["panels"]:
             cfg = panel["config"]
             assert panel["viewType"] == "Run History Line Plot"
-            # One line per objective (RunLog's W&B job type), mean over seeds with a band, against RunLog's step.
-            assert (cfg["groupBy"], cfg["groupAgg"], cfg["groupArea"]) == ("jobType", "mean", "stderr")
+            # One line per objective (the top-level config field), mean over seeds with a band, against RunLog's step.
+            assert (cfg["groupBy"], cfg["groupAgg"], cfg["groupArea"]) == ("objective.value", "mean", "stderr")
             assert cfg["xAxis"] == "step" and cfg["xAxisTitle"] == "training step" and cfg["yAxisTitle"]
             assert cfg["metrics"] or cfg["useMetricRegex"]
     keys = {k for s in sections for p in s["panels"] for k in p["config"]["metrics"]}
@@ -43,16 +43,18 @@ def test_sections_panels_and_grouping() -> None:
         assert key in keys, key
 
     run_set = spec["spec"]["section"]["runSets"][0]
-    assert run_set["grouping"] == [{"section": "run", "name": "jobType"}]
-    (flt,) = run_set["filters"]["filters"]
-    assert (flt["key"], flt["op"], flt["value"]) == ({"section": "run", "name": "group"}, "=", "mini_dppo_main")
+    assert run_set["grouping"] == [{"section": "config", "name": "objective.value"}]
+    # Training runs only (eval-only runs have job type "eval"), of this experiment (the W&B group).
+    assert [(f["key"], f["op"], f["value"]) for f in run_set["filters"]["filters"]] == [
+        ({"section": "run", "name": "jobType"}, "=", "train"),
+        ({"section": "run", "name": "group"}, "=", "mini_dppo_main"),
+    ]
     assert spec["displayName"] == "trust regions: mini_dppo_main"
 
 
-def test_without_an_experiment_every_run_is_shown() -> None:
-    workspace = build_workspace("ent", "proj")
-    assert workspace.runset_settings.filters == ""
-    assert _spec(workspace)["spec"]["section"]["runSets"][0]["filters"]["filters"] == []
+def test_without_an_experiment_every_training_run_is_shown() -> None:
+    (flt,) = _spec(build_workspace("ent", "proj"))["spec"]["section"]["runSets"][0]["filters"]["filters"]
+    assert (flt["key"], flt["op"], flt["value"]) == ({"section": "run", "name": "jobType"}, "=", "train")
 
 
 def test_eval_patterns_match_runlog_keys() -> None:

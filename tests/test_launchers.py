@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import FAST_TRAINER, ROOT
+from harness.config import validate
+from harness.loop.wandb_run import run_name
+from tests.conftest import FAST_TRAINER, ROOT, wandb_run_record
 
 TWO_STEPS = ["rollout=hf", "trainer.total_steps=2", "objective=dppo"]
 
@@ -47,16 +50,31 @@ def test_basic_sweep_runs_every_job_and_exits_with_the_number_failed(tmp_path, s
     (stale / ".hydra").mkdir(parents=True)
     (stale / ".hydra" / "overrides.yaml").write_text("- objective.delta=-9\n")
     (stale / "summary.json").write_text('{"status": "failed", "error": "from an earlier sweep"}')
+    with_wandb = [o if o != "logger=none" else "logger=wandb" for o in FAST_TRAINER]
     res = run_py(
-        tmp_path, "-m", *small_model, *FAST_TRAINER, *TWO_STEPS, "objective.delta=-1,0.1,-2",
+        tmp_path, "-m", *small_model, *with_wandb, *TWO_STEPS, "objective.delta=-1,0.1,-2",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )  # fmt: skip
     assert res.returncode == 2, res.stderr[-3000:]
     assert last_line(res.stderr).startswith(f"sweep: 2 of 3 jobs failed under {tmp_path / 'sweep'}: ")
     assert "delta=-9" not in last_line(res.stderr)
+    # A progress line per finished job, named by the swept key; the stale job of the earlier sweep is not counted.
+    progress = [line for line in res.stderr.splitlines() if line.startswith("[")]
+    assert [re.sub(r"\d+ (s|min)", "T", line) for line in progress] == [
+        "[1/3] objective.delta=-1 done in T (failed), elapsed T, ~T left",
+        "[2/3] objective.delta=0.1 done in T (completed), elapsed T, ~T left",
+        "[3/3] objective.delta=-2 done in T (failed), elapsed T",
+    ], res.stderr[-3000:]
     jobs = jobs_by_override(tmp_path / "sweep", "objective.delta")
     # The job between the two failures ran to the end: a failure did not stop the sweep.
     assert jobs["0.1"]["status"] == "completed" and jobs["0.1"]["steps"] == 2
+    # Its W&B run (offline): a training job, in the experiment's group, named by the job's own Hydra overrides.
+    (job,) = [p.parent.parent for p in (tmp_path / "sweep").glob("*/.hydra/overrides.yaml") if "=0.1" in p.read_text()]
+    record = wandb_run_record(job)
+    overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+    expected = run_name(validate(yaml.safe_load((job / ".hydra" / "config.yaml").read_text())), overrides)
+    assert (record["job_type"], record["group"], record["name"]) == ("train", "default", expected)
+    assert expected.startswith("dppo-benchmark.max_problems=12-model.")  # the test's many overrides: cut, hashed
     for delta in ("-1", "-2"):
         s = jobs[delta]
         assert s["status"] == "failed"
@@ -76,6 +94,11 @@ def test_joblib_sweep_isolates_a_failed_job(tmp_path, small_model):
     )  # fmt: skip
     assert res.returncode == 1, res.stderr[-3000:]
     assert last_line(res.stderr).startswith("sweep: 1 of 2 jobs failed under ")
+    # The joblib workers print the progress lines: one per job, counted from the run directories.
+    # Two jobs ending at the same moment may print the same count: the lines say [1/2] or [2/2].
+    progress = [line for line in res.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == 2, res.stderr[-3000:]
+    assert all(re.match(r"\[[12]/2\] model\.path=\S+ done in \d+ s \((completed|failed)\)", p) for p in progress)
     jobs = jobs_by_override(tmp_path / "sweep", "model.path")
     assert jobs["null"]["status"] == "completed" and jobs["null"]["steps"] == 2
     failed = jobs[str(not_a_model)]
@@ -163,3 +186,23 @@ def test_ray_config_composes():
     assert launcher["_target_"] == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
     assert launcher["ray"]["init"]["address"] is None  # a local Ray unless ray.init.address=auto (a cluster)
     assert launcher["ray"]["remote"] == {"num_gpus": 1}
+
+
+def test_sweep_size_counts_the_experiment_params_and_globs():
+    """The [k/N] of the per-job lines: N from hydra.sweeper.params (an experiment file) and the command line, the way
+    the basic sweeper expands them (a key given twice takes its last value)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import open_dict
+
+    from harness.cli import group_options, sweep_plan
+    from harness.config import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["+experiment=mini_dppo_main"], return_hydra_config=True)
+    dppo = len([o for o in group_options("objective") if o.startswith("dppo")])
+    with open_dict(cfg):
+        cfg.hydra.overrides.task = ["+experiment=mini_dppo_main", "seed=0,1", "objective=glob(dppo*)"]
+    # 4 arms x 2 seeds (the command line's seed replaces the file's 0,1,2) x the dppo* objectives.
+    assert sweep_plan(cfg) == (4 * 2 * dppo, ["+experiment/arm", "seed", "objective"])

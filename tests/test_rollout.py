@@ -5,6 +5,8 @@ here; its EOS embedding is pointed along the mean final hidden state so that som
 from __future__ import annotations
 
 import copy
+import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +213,27 @@ def test_seeded_sampling_is_reproducible(engine) -> None:
     long_rows = [tuple(r) for r in responses(twice) if len(r) >= 4]
     assert len(long_rows) >= 4 and len(set(long_rows)) == len(long_rows)
     assert not set(long_rows) & {tuple(r) for r in responses(nxt)}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal_and_changes_no_sample(
+    engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    label = "eval 4 problems x 3"
+    quiet = engine.generate(PROMPTS, n=N, max_new_tokens=4, seed=9, progress=label)
+    assert label not in capsys.readouterr().err  # no terminal (tests, log files): no bar
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    shown = engine.generate(PROMPTS, n=N, max_new_tokens=4, seed=9, progress=label)
+    assert torch.equal(quiet.response_ids, shown.response_ids)
+    # vLLM counts finished samples (4 prompts x 3), HF the decoding steps of its one batch (1 to 4 of them).
+    done = r"[1-4]/4 \[" if isinstance(engine, HFEngine) else r"12/12 \["
+    drawn = terminal.getvalue()
+    assert drawn.startswith(f"\r{label}:   0%|") and re.search(done, drawn), drawn
 
 
 def test_unseeded_calls_follow_the_engine_seed(model_dir: str) -> None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from harness.loop.runlog import RunLog, WandbSettings, atomic_write_json, read_jsonl, resolve_wandb_mode
+from tests.conftest import wandb_run_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +197,7 @@ def test_wandb_mode_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_wandb_offline_run_lives_inside_the_run_dir(tmp_path: Path) -> None:
-    cfg = WandbSettings(mode="offline", group="g", name="n", tags=["t"])
+    cfg = WandbSettings(mode="offline", group="g", name="n", job_type="train", tags=["t"], config={"objective": "dppo"})
     run = RunLog(tmp_path, cfg, {"objective": {"name": "dppo"}, "seed": 1}, resume=False)
     for k in range(3):
         run.log(k, {"reward/mean": torch.tensor(k / 2)})
@@ -210,6 +211,10 @@ def test_wandb_offline_run_lives_inside_the_run_dir(tmp_path: Path) -> None:
     offline = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(offline) == 1 and (offline[0] / f"run-{run_id}.wandb").stat().st_size > 0
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 3
+    # What `wandb sync` would upload: the settings as given, the top-level fields beside the whole config.
+    record = wandb_run_record(tmp_path)
+    assert (record["name"], record["group"], record["job_type"]) == ("n", "g", "train")
+    assert record["config"] == {"objective": "dppo", "cfg": {"objective": {"name": "dppo"}, "seed": 1}}
 
     # A resumed session continues the same W&B run id.
     resumed = RunLog(tmp_path, cfg, {}, resume=True)

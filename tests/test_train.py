@@ -11,7 +11,7 @@ from harness.config import validate
 from harness.loop.runlog import read_jsonl
 from harness.loop.train import train
 from harness.objectives import OBJECTIVE_NAMES
-from tests.conftest import FAST_TRAINER, compose
+from tests.conftest import FAST_TRAINER, compose, wandb_run_record
 
 
 def run(tmp_path, *overrides: str, name: str = "run") -> tuple[dict, object]:
@@ -185,6 +185,15 @@ def test_vllm_run_with_wandb_offline(tmp_path, small_model):
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["wandb"]["mode"] == "offline"
+    # The W&B run as it would be synced: a training job named by objective and seed (no Hydra job here, so no
+    # overrides), the experiment as its group, the filter fields at the top and the whole config under `cfg`.
+    record = wandb_run_record(run_dir)
+    assert (record["job_type"], record["name"], record["group"]) == ("train", "drpo-seed=0", "default")
+    config = record["config"]
+    assert {k: config[k] for k in ("objective", "precision", "model", "seed", "experiment")} == {
+        "objective": "drpo", "precision": "fp32", "model": "tiny", "seed": 0, "experiment": "default"
+    }  # fmt: skip
+    assert config["cfg"]["objective"]["name"] == "drpo" and config["cfg"]["trainer"]["total_steps"] == 2
 
 
 def test_resume_continues_without_duplicates_and_matches_an_uninterrupted_run(tmp_path, small_model):

@@ -16,7 +16,6 @@ that run's evaluation at step k.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -136,10 +135,7 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
     summary.json into `run_dir`. Returns the summary."""
     t_start = time.time()
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
-    settings = wandb_settings(cfg)
-    if settings is not None:
-        settings = dataclasses.replace(settings, name=f"eval-{cfg.benchmark.name}", job_type="eval")
-    log = RunLog(run_dir, settings, config=raw_config, resume=False)
+    log = RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=False)  # job type "eval", name eval-<bench>
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": "eval", "benchmark": cfg.benchmark.name}
     engine = None
     try:

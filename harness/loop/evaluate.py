@@ -95,8 +95,9 @@ def evaluate(
     otherwise such a prompt is a ValueError."""
     prompts, n_cut = fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
     ro = engine.generate(
-        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p
-    )
+        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p,
+        progress=eval_label(len(prompts), n),
+    )  # fmt: skip
     answers = [problems[int(g)].answer for g in ro.group]
     graded = grade(ro.texts, answers, ro.finished.tolist(), **dict(grading or {}))
 
@@ -153,6 +154,11 @@ def evaluate(
         for i in range(0, len(ro.texts), max(1, n))[:samples_to_keep]
     ]
     return record, samples
+
+
+def eval_label(problems: int, n: int) -> str:
+    """The evaluation's progress bar label (harness.rollout.base.progress_bar: shown on a terminal only)."""
+    return f"eval {problems} problems x {n}"
 
 
 def fit_prompts(

@@ -50,6 +50,9 @@ class WandbSettings:
     name: str | None = None
     job_type: str | None = None
     tags: list[str] = field(default_factory=list)
+    # Top-level W&B config fields, for filters and group-by (harness/loop/wandb_run.py); the run's whole config
+    # goes next to them under `cfg`.
+    config: dict[str, Any] = field(default_factory=dict)
     # Bounds wandb.init's wait for the server (wandb's own default is 90 s, which stalls offline machines).
     init_timeout_s: float = 20.0
     # Bounds run.finish's final upload; unsent data stays on disk for `wandb sync`.
@@ -421,7 +424,7 @@ class RunLog:
                     name=cfg.name,
                     job_type=cfg.job_type,
                     tags=list(cfg.tags) or None,
-                    config=config,
+                    config={**cfg.config, "cfg": config},
                     dir=str(self.run_dir),
                     mode=self._wandb_mode,  # explicit, so it wins over WANDB_MODE inside wandb too
                     id=resume_id,

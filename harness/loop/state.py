@@ -21,6 +21,7 @@ from tqdm import tqdm
 from harness import precision as precisions
 from harness.config import RunConfig, SetupError
 from harness.errors import first_line
+from harness.loop import wandb_run
 from harness.loop.checkpoint import load_latest, save_checkpoint
 from harness.loop.diagnostics import ClippedTokens
 from harness.loop.distributed import ProcessGroup
@@ -296,6 +297,7 @@ def eval_scores(run_dir: Path, key: str) -> tuple[float | None, float | None]:
 
 
 def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
+    """Job type, name, group and top-level config of the run in W&B (harness/loop/wandb_run.py)."""
     if cfg.logger.name == "none":
         return None
     return WandbSettings(
@@ -304,9 +306,10 @@ def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
         entity=cfg.logger.entity,
         mode=cfg.logger.mode,
         group=cfg.name,
-        name=cfg.objective.name,
-        job_type=cfg.objective.name,
+        name=wandb_run.run_name(cfg, wandb_run.job_overrides()),
+        job_type=wandb_run.job_type(cfg),
         tags=[cfg.model.name, cfg.precision.name],
+        config=wandb_run.top_level_config(cfg),
         init_timeout_s=cfg.logger.init_timeout_s,
     )
 

@@ -9,12 +9,14 @@ token is not among them it overwrites the K-th entry, so the set always has exac
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 if TYPE_CHECKING:  # transformers costs seconds to import; the Top-K helpers and the protocol do not need it
     from transformers import PreTrainedTokenizerBase
@@ -55,10 +57,12 @@ class RolloutEngine(Protocol):
         temperature: float = 1.0,
         seed: int | None = None,
         top_p: float = 1.0,
+        progress: str | None = None,
     ) -> Rollout:
         """`top_p` < 1 samples from the nucleus (evaluation: the DPPO paper's top-p 0.95); the returned log-probs are
         then not the sampled distribution's (HF: log_softmax(logits / T) over the whole vocabulary; vLLM: processed,
-        renormalised over the nucleus), so training rollouts keep top_p = 1 (objectives.md P5)."""
+        renormalised over the nucleus), so training rollouts keep top_p = 1 (objectives.md P5). `progress`: a
+        label for a progress bar on stderr while the call runs (`progress_bar`; evaluation sets it)."""
         ...
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
@@ -107,6 +111,13 @@ def check_generate_args(
             f"generate: longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
             f"max_model_len={max_model_len}"
         )
+
+
+def progress_bar(label: str, total: int, unit: str) -> tqdm:
+    """The bar of a long generate call: on stderr, only on a terminal (so tests and log files stay quiet), and
+    removed when done (leave=False) so that the training loop's own bar, which tqdm keeps on the line above, stays
+    as it was."""
+    return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True, disable=None, file=sys.stderr)
 
 
 def call_seed(engine_seed: int, call_index: int) -> int:

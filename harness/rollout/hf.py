@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping
 
 import torch
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from harness.precision import StateDictTransform
@@ -28,6 +29,7 @@ from harness.rollout.base import (
     check_generate_args,
     load_tokenizer,
     mask_through_first_eos,
+    progress_bar,
 )
 
 
@@ -95,6 +97,7 @@ class HFEngine:
         temperature: float = 1.0,
         seed: int | None = None,
         top_p: float = 1.0,
+        progress: str | None = None,
     ) -> Rollout:
         check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
         if seed is None:
@@ -112,13 +115,21 @@ class HFEngine:
         sampler = _SampleAndRecord(
             temperature, topk, torch.Generator(self.device).manual_seed(seed), top_p, logit_noise=self.logit_noise
         )
-        with torch.no_grad():
-            sequences = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]),
-            )
+        # One batch decodes every sequence together: its progress is in tokens, up to max_new_tokens.
+        bar = progress_bar(progress, max_new_tokens, unit="token") if progress else None
+        processors = [sampler] if bar is None else [sampler, _Tick(bar)]
+        try:
+            with torch.no_grad():
+                sequences = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList(processors),
+                )
+        finally:
+            if bar is not None:
+                bar.refresh()  # the steps taken, drawn once more before the bar is cleared
+                bar.close()
         response_ids = sequences[:, input_ids.shape[1] :]
         logp, topk_ids, topk_logp = sampler.stacked()
         return assemble_rollout(
@@ -179,6 +190,17 @@ class HFEngine:
 
     def _decode(self, rows: list[list[int]]) -> list[str]:
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+class _Tick(LogitsProcessor):
+    """Advances a progress bar once per decoding step; the scores pass through unchanged."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.bar.update(1)
+        return scores
 
 
 class _SampleAndRecord(LogitsProcessor):

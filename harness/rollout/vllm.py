@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,7 @@ from harness.rollout.base import (
     check_generate_args,
     load_tokenizer,
     pad_ragged,
+    progress_bar,
 )
 from harness.rollout.vllm_cpu_weights import CPUWeightWriter
 
@@ -195,6 +197,7 @@ class VLLMEngine:
         temperature: float = 1.0,
         seed: int | None = None,
         top_p: float = 1.0,
+        progress: str | None = None,
     ) -> Rollout:
         check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
         if seed is None:
@@ -204,7 +207,9 @@ class VLLMEngine:
             self._sampling_params(n, max_new_tokens, topk, temperature, int(s), top_p)
             for s in np.random.SeedSequence(seed).generate_state(len(prompts))
         ]
-        outputs = self._run(prompts, params)
+        # Only where it shows: vLLM divides by a disabled bar's elapsed time (0) to print its speeds.
+        bar = sample_bar(progress, len(prompts) * n) if progress and sys.stderr.isatty() else None
+        outputs = self._run(prompts, params, bar)
         ids, logps, top_ids, top_logps = [], [], [], []
         for out in outputs:
             for sample in sorted(out.outputs, key=lambda s: s.index):
@@ -265,7 +270,7 @@ class VLLMEngine:
             rows.append(values[len(p) - 1 : len(p) - 1 + len(r)])
         return pad_ragged(rows, 0.0, torch.float32)
 
-    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+    def _run(self, prompts: list[list[int]], params: list[Any], bar: Callable[..., Any] | None = None) -> list[Any]:
         from vllm.inputs import TokensPrompt
 
         self._wake()
@@ -276,7 +281,7 @@ class VLLMEngine:
             # The CPU sampler draws from the global torch RNG even for seeded requests: keep that off the trainer.
             with torch.random.fork_rng(devices=[]):
                 return self.llm.generate(
-                    [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+                    [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=bar or False
                 )
         finally:
             torch.set_num_threads(threads)
@@ -297,3 +302,19 @@ def _hf_state_dict(model_path: str) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     return dict(AutoModelForCausalLM.from_pretrained(model_path).state_dict())
+
+
+def sample_bar(label: str, samples: int) -> Callable[..., Any]:
+    """vLLM's `use_tqdm` hook, counting samples: vLLM advances its bar by a finished request's n samples and sizes
+    it by its unfinished requests (which count the n samples in 0.32, not in every version), so the total here is
+    ours (prompts x n), and so are the label and the quiet defaults.
+    vLLM also wraps the (quick) adding of the requests with it: that iterable passes through without a bar."""
+
+    def make(*iterable: Any, **vllm_kwargs: Any) -> Any:
+        if iterable:
+            return iterable[0]
+        bar = progress_bar(label, samples, unit="sample")
+        bar.postfix = vllm_kwargs.get("postfix")  # vLLM's running token speeds
+        return bar
+
+    return make

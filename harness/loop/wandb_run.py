@@ -1,0 +1,81 @@
+"""How a run appears in W&B: its job type, name and group, and the top-level config fields dashboards filter by.
+
+- job_type: "train" or "eval" (`mode`), so grouping by job type never mixes evaluations in with training runs.
+- name: what tells the run apart from the others of its experiment: the objective (an eval run: `eval-<benchmark>`)
+  then the job's Hydra overrides, sorted by key, seed always included, e.g. `dppo-seed=2-trainer.lr=1e-4`.
+  Overrides that change how a run is carried out or watched rather than what it computes (threads, logging,
+  output folders, the experiment file itself: resume_guard.FREE and hydra.*) are left out; a path keeps only its
+  last component, a nested group only its last part (`+experiment/arm=dppo_0.2` -> `arm=dppo_0.2`).
+  Deterministic: no dates, no run-directory stamp.
+- group: the experiment (`name` in the config, the output folder outputs/<name>/).
+- config: `objective`, `precision`, `model`, `seed`, `experiment`, `benchmark` as plain top-level values, and the
+  whole resolved config, nested as in `.hydra/config.yaml`, under `cfg` (analysis/load.py reads it back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from harness.config import RunConfig
+from harness.loop.resume_guard import FREE
+
+JOB_TYPES = ("train", "eval")
+# Beyond resume_guard.FREE: Hydra's own settings and caches. `hydra` and FREE's keys cover their sub-keys too.
+_NOT_IN_NAME = (*FREE, "hydra", "model.cache_dir")
+# The experiment file is the group already; its arms (+experiment/arm=dppo_0.2) do tell runs apart.
+_EXACT_NOT_IN_NAME = ("experiment",)
+# W&B shows names in narrow columns; a longer one is cut and given a hash of the whole so it stays unique.
+MAX_NAME_CHARS = 96
+
+
+def job_type(cfg: RunConfig) -> str:
+    return "eval" if cfg.mode == "eval" else "train"
+
+
+def run_name(cfg: RunConfig, overrides: Sequence[str]) -> str:
+    """`<objective | eval-<benchmark>>-<key=value>-...`: see the module docstring."""
+    prefix, prefix_key = (f"eval-{cfg.benchmark.name}", "benchmark") if cfg.mode == "eval" else (
+        cfg.objective.name, "objective")  # fmt: skip
+    items = {"seed": str(cfg.seed)}  # the validated seed, whether or not the command line named it
+    for override in overrides:
+        if override.startswith("~"):  # a deletion names no value
+            continue
+        key, _, value = override.lstrip("+").partition("=")
+        if key in ("seed", prefix_key, *_EXACT_NOT_IN_NAME) or _free(key):
+            continue
+        # A nested group shows its last part (arm=dppo_0.2), a path its last component (model.path=step_80).
+        items[key.rsplit("/", 1)[-1]] = value.rstrip("/").rsplit("/", 1)[-1] if "/" in value else value
+    name = "-".join([prefix, *(f"{k}={items[k]}" for k in sorted(items))])
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"{name[: MAX_NAME_CHARS - 9]}~{digest}"
+
+
+def _free(key: str) -> bool:
+    root = key.replace("/", ".")  # group overrides such as hydra/launcher=joblib
+    return any(root == k or root.startswith(k + ".") for k in _NOT_IN_NAME)
+
+
+def top_level_config(cfg: RunConfig) -> dict[str, Any]:
+    """The fields a W&B filter or group-by names directly (`config.objective`, ...)."""
+    return {
+        "objective": cfg.objective.name,
+        "precision": cfg.precision.name,
+        "model": cfg.model.name,
+        "seed": cfg.seed,
+        "experiment": cfg.name,
+        "benchmark": cfg.benchmark.name,
+    }
+
+
+def job_overrides() -> list[str]:
+    """The running Hydra job's overrides (a sweep job's values plus the command line's); none outside Hydra (a run
+    started from Python: its name is the objective and seed alone)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
