@@ -468,4 +468,6 @@ def print_summary(s: dict[str, Any]) -> None:
         "  figures        make figures   (reads every run under outputs/)",
         "",
     ]
+    if s.get("policy"):  # the trained policy as a Hugging Face model folder
+        lines.insert(-2, f"  policy         {s['policy']}   (from_pretrained, vLLM, mode=eval model.path=)")
     print("\n".join(lines))

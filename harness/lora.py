@@ -321,9 +321,12 @@ def restore_adapter(
             set_optimizer_state_dict,
         )
 
+        from harness.loop.distributed import by_name
+
         _check_adapter_keys(model, tensors)
         options = StateDictOptions(full_state_dict=True, strict=False)  # the base is not in the checkpoint
         set_model_state_dict(model, dict(tensors), options=options)
+        optim_state = by_name(model, optimizer, optim_state)  # a one-process checkpoint numbers its parameters
         set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
 
     return restore

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.conftest import FAST_TRAINER, ROOT
 
@@ -26,6 +27,8 @@ def _env() -> dict[str, str]:
     return env
 
 
+# One process vs two: the same update up to float summation order.
+TOL = 1e-4
 CASES = ["dppo:seq-mean-token-sum-norm", "drpo:token-mean", "grpo:token-sum"]
 
 
@@ -57,7 +60,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_run_py_under_torchrun_matches_one_process_and_resumes(tmp_path, small_model):
+def test_run_py_under_torchrun_matches_one_process_and_resumes_across_world_sizes(tmp_path, small_model):
     args = [
         str(ROOT / "run.py"), *small_model, *FAST_TRAINER, "rollout=hf", "objective=dppo", "trainer.minibatches=1",
         "trainer.total_steps=2", "trainer.checkpoint_every=1",
@@ -86,9 +89,53 @@ def test_run_py_under_torchrun_matches_one_process_and_resumes(tmp_path, small_m
             if r1.get(key) is not None:
                 assert abs(r1[key] - r2[key]) <= 1e-5, (key, r1[key], r2[key])
     assert sum(r["optim/updates"] for r in rows) >= 1
-    assert (two / "checkpoints" / "step_2" / "model.safetensors").exists()
 
-    # Resume under torchrun from the step-2 checkpoint for one more step: the full checkpoint goes back to shards.
-    run(TORCHRUN, two, "trainer.total_steps=3", "trainer.resume=true", "trainer.resume_allow=[trainer.total_steps]")
-    assert [r["step"] for r in metrics(two)] == [1, 2, 3]
-    assert json.loads((two / "summary.json").read_text())["resumed_from_step"] == 2
+    # The checkpoint is sharded (torch.distributed.checkpoint): each rank wrote its own file, nothing was gathered;
+    # state.pt holds both ranks' RNG streams.
+    step_2 = two / "checkpoints" / "step_2"
+    assert sorted(p.name for p in step_2.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    assert len(torch.load(step_2 / "state.pt", weights_only=True)["rng_ranks"]) == 2
+    check_sharded_checkpoint_loads_in_one_process(two, tmp_path / "one")
+
+    # Across world sizes, both ways: the 2-process run resumes in one process (its shards resharded), the
+    # 1-process run under torchrun (its full tensors scattered). Both then take the same step 3.
+    allow = ["trainer.total_steps=3", "trainer.resume=true", "trainer.resume_allow=[trainer.total_steps]"]
+    run([sys.executable], two, *allow)
+    run(TORCHRUN, tmp_path / "one", *allow)
+    for run_dir in (two, tmp_path / "one"):
+        assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3]
+        assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == 2
+    # The same rollout at step 3 (the engine's weights and seeds) and the same final weights (5.7e-7 apart when
+    # measured; an optimizer a step off, as torch's state-dict helpers leave a fresh one, puts them 2.6e-5 apart).
+    third = [metrics(run_dir)[2] for run_dir in (two, tmp_path / "one")]
+    for key in ("reward/mean", "rollout/response_len_mean", "optim/updates"):
+        assert third[0][key] == third[1][key], key
+    finals = [load_file(run_dir / "policy" / "final" / "model.safetensors") for run_dir in (two, tmp_path / "one")]
+    assert finals[0].keys() == finals[1].keys()
+    for name, value in finals[0].items():
+        torch.testing.assert_close(value, finals[1][name], rtol=0, atol=5e-6, msg=name)
+    assert (two / "checkpoints" / "step_3" / "model.safetensors").exists()  # one process: the plain format
+    assert (tmp_path / "one" / "checkpoints" / "step_3" / ".metadata").exists()
+
+
+def check_sharded_checkpoint_loads_in_one_process(two: Path, one: Path) -> None:
+    """The 2-process step-2 checkpoint, loaded here without a process group: the weights are the ones the run
+    exported at step 2 (gathered from the same shards), the Adam state the 1-process run's at step 2."""
+    from transformers import AutoModelForCausalLM
+
+    from harness.loop.checkpoint import load_latest
+
+    final = two / "policy" / "final"
+    model = AutoModelForCausalLM.from_pretrained(json.loads((final / "policy.json").read_text())["base_model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    assert load_latest(two, model, optimizer)["step"] == 2
+    exported = AutoModelForCausalLM.from_pretrained(str(final)).state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, exported[name]), name
+    reference = torch.load(one / "checkpoints" / "step_2" / "optimizer.pt", weights_only=True)["state"]
+    loaded = optimizer.state_dict()["state"]
+    assert loaded.keys() == reference.keys() and len(loaded) == len(list(model.parameters()))
+    for i, slots in reference.items():
+        assert loaded[i]["step"] == slots["step"] > 0
+        for slot in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(loaded[i][slot], slots[slot], rtol=TOL, atol=TOL * slots[slot].abs().max())

@@ -193,6 +193,9 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
     assert adapters and all(".lora_A." in k or ".lora_B." in k for k in adapters)
     merged = merged_from_checkpoint(base_dir, adapters, cfg.model)
     assert all(torch.equal(merged[k], last[k]) for k in base_state)
+    # policy/final is the merged model under the base names, a plain model folder (no adapter keys, no peft).
+    exported = load_policy(str(run_dir / "policy" / "final"))[0].state_dict()
+    assert exported.keys() == base_state.keys() and all(torch.equal(exported[k], last[k]) for k in base_state)
 
     # The engine's log-probs (merged weights) are the LoRA policy's (base + adapters, unmerged).
     policy = apply_lora(load_policy(base_dir)[0], cfg.model)

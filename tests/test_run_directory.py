@@ -93,6 +93,43 @@ def test_a_deliberate_change_is_allowed_by_name_recorded_and_used(tmp_path, fini
     assert json.loads((run_dir / "run_config.json").read_text())["config"]["trainer"]["total_steps"] == 3
 
 
+def test_the_final_and_best_policies_load_with_from_pretrained_and_mode_eval(tmp_path, finished_run):
+    """Issue 19: policy/final and policy/best are Hugging Face model folders holding the trained weights, and
+    `mode=eval model.path=<folder>` reproduces the training run's own evaluation of those weights."""
+    from transformers import AutoModelForCausalLM
+
+    from harness.loop.eval_only import read_weights
+
+    evals = {r["step"]: r["avg@1"] for r in read_jsonl(finished_run / "eval.jsonl")}
+    best_step = max((s for s in evals if s >= 1), key=lambda s: (evals[s], -s))  # ties keep the earlier step
+    ids = torch.tensor([[4, 17, 9, 30, 5, 22, 11, 8]])
+    for name, step in (("final", 2), ("best", best_step)):
+        folder = finished_run / "policy" / name
+        info = json.loads((folder / "policy.json").read_text())
+        assert (info["step"], info["score_key"], info["score"]) == (step, "avg@1", evals[step])
+        exported = AutoModelForCausalLM.from_pretrained(str(folder))
+        # The trained policy: the base model with the step's checkpoint weights.
+        trained = AutoModelForCausalLM.from_pretrained(info["base_model"])
+        base_logits = trained(ids).logits
+        trained.load_state_dict(read_weights(finished_run / "checkpoints" / f"step_{step}" / "model.safetensors"))
+        with torch.no_grad():
+            logits = exported(ids).logits
+            assert torch.equal(logits, trained(ids).logits)
+            assert not torch.allclose(logits, base_logits)  # training moved the weights: the check has teeth
+
+    out = tmp_path / "eval"
+    res = run_cli(
+        "mode=eval", f"model.path={finished_run / 'policy' / 'final'}", "rollout=hf", "logger=none",
+        "trainer.threads=1", "trainer.max_new_tokens=16", "benchmark.max_problems=12", f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "evaluation finished: completed" in res.stdout
+    (record,) = read_jsonl(out / "eval.jsonl")
+    # Same problems, sampling seed (step 2's) and settings as the run's own evaluation after step 2.
+    assert record["step"] == 2 and record["avg@1"] == evals[2]
+
+
 def test_resume_with_nothing_to_resume_says_so_unless_auto(tmp_path, small_model):
     empty = tmp_path / "empty"
     start = time.perf_counter()

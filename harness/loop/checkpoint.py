@@ -1,11 +1,15 @@
 """Save and resume training state: model, optimizer, RNG streams and the trainer's own counters.
 
-Layout under the run directory:
+Layout under the run directory. One process (`save_checkpoint`):
 
     checkpoints/step_<k>/model.safetensors   model weights (tied weights stored once, see save_model)
     checkpoints/step_<k>/optimizer.pt        optimizer.state_dict()
     checkpoints/step_<k>/state.pt            {"step": k, "extra": {...}, "rng": {...}}
     checkpoints/latest                       the folder name of the newest checkpoint
+
+Several processes (`save_sharded_checkpoint`): the model and optimizer as torch.distributed.checkpoint shards, one
+file per rank written in parallel (harness.loop.sharded), and state.pt with every rank's RNG streams. Either format
+loads under any number of processes: `load_latest` reads the folder it finds.
 
 A checkpoint is written into a hidden temp folder and renamed into place, so a folder named step_<k> is
 always complete; a crash mid-save leaves only a temp folder, which loading ignores and the next save removes.
@@ -22,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,7 +34,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file, save_model
 
 from harness.errors import first_line
+from harness.loop import sharded
 from harness.loop.runlog import atomic_write_text, fsync_path
+
+if TYPE_CHECKING:
+    from harness.loop.distributed import ProcessGroup
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +68,11 @@ def save_checkpoint(
     A failed write (disk full, file-size limit) removes its temp folder and raises OSError naming the step; the
     checkpoints already on disk are untouched.
 
-    `model_state` / `optim_state`, when given, are written instead of the modules' own state: a multi-process run
-    passes the full (unsharded) tensors its rank 0 gathered (harness.loop.distributed).
+    `model_state` / `optim_state`, when given, are written instead of the modules' own state (a LoRA run passes
+    its adapters alone).
     """
-    if keep < 1:
-        raise ValueError(f"checkpoint keep={keep} is not allowed; keep at least 1")
-    _check_plain(extra, "extra")
-    root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(_TMP_PREFIX + "*"):  # left by a save that crashed before its rename
-        shutil.rmtree(stale, ignore_errors=True)
-
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{_TMP_PREFIX}step_{step}-"))
+    _check_args(keep, extra)
+    tmp = _new_temp(Path(run_dir) / CHECKPOINTS, step)
     try:
         if model_state is None:
             save_model(model, str(tmp / "model.safetensors"))
@@ -83,10 +84,79 @@ def save_checkpoint(
             fsync_path(f)  # the data must be on disk before the rename makes the folder count as complete
     except Exception as e:  # OSError, torch.save's RuntimeError, safetensors' own error: all mean "not saved"
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(f"checkpoint step_{step} could not be written under {root}: {first_line(e)}") from e
+        raise OSError(f"checkpoint step_{step} could not be written under {tmp.parent}: {first_line(e)}") from e
+    return _publish(tmp, step, keep, pause_s)
+
+
+def save_sharded_checkpoint(
+    run_dir: Path | str,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    pg: ProcessGroup,
+    adapters_only: bool = False,
+    keep: int = 2,
+    pause_s: float = 0.0,
+) -> Path | None:
+    """`save_checkpoint` for a multi-process run, without gathering anything: every rank writes its own shards of
+    the model and optimizer into one temp folder at once (torch.distributed.checkpoint), rank 0 adds state.pt
+    (counters and every rank's RNG streams); after a barrier, rank 0 alone publishes the folder (rename, `latest`,
+    pruning). A collective: every rank calls it. Returns the folder on rank 0, None on the others.
+
+    A failed write on any rank removes the temp folder and raises OSError naming the step on every rank; the
+    checkpoints already on disk are untouched. `adapters_only`: a LoRA run's model part holds its adapters."""
+    _check_args(keep, extra)  # on every rank: one raising alone would leave the others waiting
+    root = Path(run_dir) / CHECKPOINTS
+    made: str | None = None
+    if pg.main:
+        try:
+            made = str(_new_temp(root, step))
+        except OSError as e:
+            made = f"error: {first_line(e)}"
+    name = pg.broadcast(made)  # every rank writes into the folder rank 0 made
+    if name is None or name.startswith("error: "):
+        raise OSError(f"checkpoint step_{step} could not be written under {root}: {(name or '')[7:]}")
+    tmp = Path(name)
+    rngs = pg.gather_objects(_rng_state())
+    error = ""
+    try:
+        fresh = sharded.save_shards(tmp, model, optimizer, adapters_only)
+        if pg.main:
+            state = {"step": int(step), "extra": extra, "rng": rngs[0], "rng_ranks": rngs, "optimizer_fresh": fresh}
+            torch.save(state, tmp / "state.pt")
+            fsync_path(tmp / "state.pt")
+    except Exception as e:  # DCP raises its CheckpointException on every rank when any rank failed to write
+        error = first_line(e)
+    failed = pg.any(bool(error))  # the state.pt write is rank 0's alone
+    if failed:
+        if pg.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        pg.barrier()
+        raise OSError(f"checkpoint step_{step} could not be written under {root}: {error or 'another rank failed'}")
+    pg.barrier()  # every shard is on disk before the rename makes the folder count as complete
+    return _publish(tmp, step, keep, pause_s) if pg.main else None
+
+
+def _check_args(keep: int, extra: dict[str, Any]) -> None:
+    if keep < 1:
+        raise ValueError(f"checkpoint keep={keep} is not allowed; keep at least 1")
+    _check_plain(extra, "extra")
+
+
+def _new_temp(root: Path, step: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(_TMP_PREFIX + "*"):  # left by a save that crashed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=root, prefix=f"{_TMP_PREFIX}step_{step}-"))
+
+
+def _publish(tmp: Path, step: int, keep: int, pause_s: float) -> Path:
+    """Rename the complete temp folder to step_<step>, point `latest` at it, prune. `pause_s` (fault drills) waits
+    before the rename, so a test can kill the process mid-save."""
     if pause_s:
         time.sleep(pause_s)
-
+    root = tmp.parent
     final = root / f"step_{step}"
     if final.exists():  # the same step saved again after a resume: the new state replaces it
         final.rename(root / f"{_TMP_PREFIX}replaced-{final.name}")
@@ -125,11 +195,18 @@ Restore = Callable[[dict[str, torch.Tensor], Any], None]
 
 
 def load_latest(
-    run_dir: Path | str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, restore: Restore | None = None
+    run_dir: Path | str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    restore: Restore | None = None,
+    adapters_only: bool = False,
 ) -> dict[str, Any] | None:
     """Restore the newest readable checkpoint into `model` and `optimizer`, and restore the RNG streams.
 
-    `restore(tensors, optimizer_state)` replaces the plain load_state_dict calls (a sharded model).
+    Either format, under any number of processes: a sharded checkpoint (`.metadata`) is resharded by
+    torch.distributed.checkpoint to this process group (`adapters_only`: its model part is a LoRA run's adapters);
+    a one-process checkpoint (model.safetensors) goes through `restore(tensors, optimizer_state)` when given (every
+    rank reads the full tensors and keeps its shard, harness.loop.distributed), else load_state_dict.
     Returns {"step": k, "extra": {...}, "path": Path} or None if there is no checkpoint. An unreadable
     checkpoint (truncated or corrupt file) costs one warning and the previous one is tried; a readable one
     that does not fit the model or optimizer raises ValueError, since an older one would not fit either.
@@ -137,6 +214,11 @@ def load_latest(
     root = Path(run_dir) / CHECKPOINTS
     candidates = _load_order(root) if root.is_dir() else []
     for path in candidates:
+        if sharded.is_sharded(path):
+            loaded = _load_sharded(path, model, optimizer, adapters_only)
+            if loaded is None:
+                continue
+            return loaded
         try:
             tensors, aliases, opt_state, state = _read(path)
         except Exception as e:  # any read failure (truncation, bad zip, missing file) means "try older"
@@ -149,7 +231,7 @@ def load_latest(
             if restore is None:
                 model.load_state_dict(tensors, strict=True)
                 optimizer.load_state_dict(opt_state)
-            else:  # a sharded model: the caller scatters the full tensors (harness.loop.distributed.load_full_state)
+            else:  # a sharded model: the caller scatters the full tensors (harness.loop.distributed.restore)
                 restore(tensors, opt_state)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {first_line(e)}") from e
@@ -158,6 +240,29 @@ def load_latest(
     if candidates:
         logger.warning("no readable checkpoint under %s; starting from scratch", root)
     return None
+
+
+def _load_sharded(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, adapters_only: bool
+) -> dict[str, Any] | None:
+    """A sharded checkpoint into this process group; None (try the previous one) when its state.pt is unreadable.
+    The shards load straight into the live tensors, so a failure there is an error, not a fallback."""
+    try:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:
+        logger.warning("checkpoint %s is unreadable, trying the previous one: %s", path, first_line(e))
+        return None
+    try:
+        sharded.load_shards(path, model, optimizer, adapters_only, fresh=bool(state.get("optimizer_fresh")))
+    except Exception as e:  # DCP's CheckpointException: a missing key or shape, a truncated shard
+        raise ValueError(f"checkpoint {path} could not be loaded into this model/optimizer: {first_line(e)}") from e
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    ranks = state.get("rng_ranks") or [state["rng"]]
+    if rank < len(ranks):
+        _set_rng_state(ranks[rank])
+    else:  # more processes now than wrote it: this rank keeps its seeded streams
+        logger.info("checkpoint %s holds RNG streams for %d ranks; rank %d keeps its own", path, len(ranks), rank)
+    return {"step": int(state["step"]), "extra": state["extra"], "path": path}
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, Any], dict[str, Any]]:

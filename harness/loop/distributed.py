@@ -5,8 +5,10 @@ Data parallel, with the policy sharded by PyTorch FSDP2 (`fully_shard` on every 
 - each rank trains on its rows of every mini-batch; the loss is normalised by the *global* mini-batch's
   denominator and FSDP2 sums the gradients (reduce-scatter), so the update equals one process's on the same
   global batch (tests/test_distributed.py checks loss and gradients to 1e-5 on CPU, gloo backend);
-- rank 0 alone evaluates, logs and writes checkpoints (full, unsharded tensors: a checkpoint resumes under any
-  number of processes); the others wait for it.
+- rank 0 alone evaluates and logs; the others wait for it. Checkpoints are sharded: every rank writes its own
+  shards in parallel (torch.distributed.checkpoint, harness.loop.sharded), and loading reshards, so a checkpoint
+  resumes under any number of processes. Only the policy folders a run exports (harness.loop.export) and the
+  weight sync into rank 0's engine gather the full model.
 
 With one process (no torchrun) `setup()` returns `SingleProcess`, whose collectives are the identity or a no-op,
 so the loop has one code path and no branch on rank.
@@ -110,6 +112,10 @@ class ProcessGroup:
         """Rank-order concatenation along dim 0 of equal-shaped CPU tensors."""
         return x
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` (small, picklable: RNG states), in rank order, on every rank."""
+        return [obj]
+
     def barrier(self) -> None:
         pass
 
@@ -119,16 +125,12 @@ class ProcessGroup:
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Unsharded weights under their HF names, on rank 0 (in CPU memory; the other ranks get an empty dict):
-        what the rollout engine loads and a checkpoint stores. A collective: every rank must call it."""
+        what the rollout engine loads and an exported policy folder holds. A collective: every rank must call it."""
         return model.state_dict()
 
-    def full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """The optimizer state unsharded on rank 0 (keyed by parameter name), for a checkpoint; None with one
-        process, where the checkpoint reads the optimizer itself."""
-        return None
-
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restore | None:
-        """How a checkpoint's full tensors go into a sharded model and optimizer; None: load_state_dict."""
+        """How a one-process checkpoint's full tensors go into a sharded model and optimizer; None:
+        load_state_dict."""
         return None
 
     def close(self) -> None:
@@ -175,6 +177,11 @@ class TorchGroup(ProcessGroup):
         dist.all_gather(parts, x.contiguous(), group=_cpu_group())
         return torch.cat(parts)
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, obj, group=_cpu_group())
+        return gathered
+
     def barrier(self) -> None:
         dist.barrier(group=_cpu_group())
 
@@ -197,14 +204,8 @@ class TorchGroup(ProcessGroup):
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_optimizer_state_dict(model, optimizer, options=options)
-
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restore:
-        """Every rank reads the full checkpoint and keeps its shard."""
+        """Every rank reads the full (one-process) checkpoint and keeps its shard."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
@@ -214,13 +215,32 @@ class TorchGroup(ProcessGroup):
         def load(weights: Mapping[str, torch.Tensor], optim_state: Any) -> None:
             options = StateDictOptions(full_state_dict=True)
             set_model_state_dict(model, dict(weights), options=options)
-            set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+            set_optimizer_state_dict(model, optimizer, by_name(model, optimizer, optim_state), options=options)
+            if not optim_state.get("state"):  # saved before any update: drop the zero-gradient step torch took
+                optimizer.state.clear()  # to give the optimizer a state (harness.loop.sharded.save_shards)
 
         return load
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def by_name(model: nn.Module, optimizer: torch.optim.Optimizer, optim_state: dict[str, Any]) -> dict[str, Any]:
+    """A one-process `optimizer.state_dict()` (parameters numbered in the optimizer's order) keyed by parameter
+    name instead, as `set_optimizer_state_dict` wants it. The optimizer here was built over the same parameters in
+    the same order (FSDP2 keeps the names); a state already keyed by name is returned as is."""
+    if all(isinstance(k, str) for k in optim_state.get("state", {})):
+        return optim_state
+    names_of = {id(p): n for n, p in model.named_parameters()}
+    names = [names_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = sum(len(g["params"]) for g in optim_state["param_groups"])
+    if saved != len(names):
+        raise ValueError(f"the checkpoint's optimizer has {saved} parameters, this one {len(names)}")
+    return {
+        "state": {names[i]: slots for i, slots in optim_state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim_state["param_groups"]],
+    }
 
 
 _GLOO: Any = None

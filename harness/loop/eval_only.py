@@ -6,12 +6,14 @@
   model of its config with the weights of its latest checkpoint; or a `checkpoints/step_<k>` folder of a run,
   for that step. The run's own `model.max_model_len` and `data.template` apply: the prompt format is part of
   the trained policy;
-- any Hugging Face checkpoint folder or hub id.
+- any Hugging Face checkpoint folder or hub id, such as a run's exported `policy/final` or `policy/best`
+  (harness.loop.export).
 
 The run directory written has the training run's files: eval.jsonl (one record, at `step` = the checkpoint's
-training step, 0 for a base model), samples.jsonl and summary.json. The sampling seed is `seed * 1_000_003 +
-step`, as in training, so evaluating checkpoint k with the training run's seed and eval settings reproduces
-that run's evaluation at step k.
+training step, or the step in an exported policy folder's policy.json, 0 for a base model), samples.jsonl and
+summary.json. The sampling seed is `seed * 1_000_003 + step`, as in training, so evaluating checkpoint k (or
+policy/final after k steps) with the training run's seed and eval settings reproduces that run's evaluation at
+step k.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from safetensors import safe_open
 
 from harness.config import ModelConfig, RunConfig, SetupError, validate
 from harness.errors import first_line
+from harness.loop import sharded
 from harness.loop.evaluate import evaluate
+from harness.loop.export import read_info
 from harness.loop.runlog import RunLog
 from harness.loop.state import model_dir, score_key, wandb_settings
 from harness.lora import merged_from_checkpoint
@@ -49,7 +53,7 @@ class ModelSource:
     base: str
     """Model folder or hub id the engine and tokenizer load."""
     weights: Path | None
-    """A checkpoint's model.safetensors to load on top of `base`, or None."""
+    """A checkpoint's model.safetensors (or a sharded checkpoint's folder) to load on top of `base`, or None."""
     step: int
     """Training step of the weights (0 for a base model)."""
     model: ModelConfig
@@ -79,7 +83,8 @@ def resolve_model(cfg: RunConfig) -> ModelSource:
             f"model.path: {source!r} is neither a run directory (no .hydra/config.yaml) nor a model folder "
             "(no config.json)"
         )
-    return ModelSource(str(path) if path.exists() else source, None, 0, cfg.model, cfg.data.template, tiny=False)
+    step = int((read_info(path) or {}).get("step", 0)) if path.is_dir() else 0  # a run's exported policy folder
+    return ModelSource(str(path) if path.exists() else source, None, step, cfg.model, cfg.data.template, tiny=False)
 
 
 def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
@@ -90,9 +95,9 @@ def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
         raise ValueError(f"model.path: the config of run {run} does not validate: {e}") from None
     if ckpt is None:
         ckpt = _latest_checkpoint(run)
-    weights = ckpt / "model.safetensors"
-    if not weights.is_file():
-        raise FileNotFoundError(f"model.path: checkpoint {ckpt} has no model.safetensors")
+    weights = ckpt if sharded.is_sharded(ckpt) else ckpt / "model.safetensors"  # a multi-process run's: its shards
+    if not weights.exists():
+        raise FileNotFoundError(f"model.path: checkpoint {ckpt} has no model.safetensors (nor sharded .metadata)")
     step = int(_STEP_DIR.fullmatch(ckpt.name).group(1))  # type: ignore[union-attr]
     return ModelSource(
         str(model_dir(trained)),
@@ -120,7 +125,10 @@ def _latest_checkpoint(run: Path) -> Path:
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """A checkpoint's model.safetensors as a full state dict: `save_checkpoint` stores tied tensors once and
-    lists the dropped names in the file's metadata (dropped name -> kept name)."""
+    lists the dropped names in the file's metadata (dropped name -> kept name). A folder: a sharded checkpoint's
+    model tensors, put together in this process."""
+    if path.is_dir():
+        return sharded.read_model(path)
     with safe_open(str(path), framework="pt", device="cpu") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
         aliases = dict(f.metadata() or {})

@@ -1,5 +1,5 @@
 """What a training run carries from step to step, built in one place, and the services that act on it: weight
-sync into the engine, checkpoints, resume, evaluation.
+sync into the engine, checkpoints, resume, evaluation, policy export.
 
 `build_run` is the setup phase of DESIGN.md's data flow: model, engine, data, objective, optimizer. Everything
 that depends on the rank goes through `Run.pg` (harness.loop.distributed), whose one-process implementation is
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,10 +23,11 @@ from harness import precision as precisions
 from harness.config import RunConfig, SetupError
 from harness.errors import first_line
 from harness.loop import wandb_run
-from harness.loop.checkpoint import load_latest, save_checkpoint
+from harness.loop.checkpoint import load_latest, save_checkpoint, save_sharded_checkpoint
 from harness.loop.diagnostics import ClippedTokens
 from harness.loop.distributed import ProcessGroup
 from harness.loop.evaluate import evaluate
+from harness.loop.export import POLICY, read_info, save_policy_folder
 from harness.loop.runlog import NullLog, RunLog, WandbSettings, read_jsonl
 from harness.loop.tokens import TokenSamples
 from harness.lora import (
@@ -72,7 +74,9 @@ class Run:
     skipped: int = 0  # updates skipped for a NaN/inf from the model, the loss or the gradient, in total
     bad_streak: int = 0  # steps in a row with a skipped update
     failed_saves: list[int] = field(default_factory=list)  # steps whose checkpoint could not be written
+    failed_exports: list[str] = field(default_factory=list)  # policy folders that could not be written
     best: float | None = None  # best evaluation score so far
+    best_exported: float | None = None  # the score of policy/best (trained steps only), None before one is written
     last_eval: dict[str, float] | None = None
     clipped: ClippedTokens = field(default_factory=ClippedTokens)  # masked/clipped tokens (Fig. 6, App. D)
 
@@ -206,12 +210,14 @@ def sync_weights(run: Run) -> None:
 
 def resume(run: Run) -> None:
     """Continue from the newest checkpoint when `trainer.resume` is set (weights, optimizer, RNG streams, counters),
-    cutting the logs back to it; then open the token sampler and read the best score evaluated so far."""
+    cutting the logs back to it; then open the token sampler and read the best score evaluated so far and the one
+    policy/best holds."""
     if run.cfg.trainer.resume:
-        restore = run.pg.restore(run.policy, run.optimizer)
-        if is_lora(run.policy):  # checkpoints hold the adapters only
+        restore = run.pg.restore(run.policy, run.optimizer)  # a one-process checkpoint under torchrun
+        lora = is_lora(run.policy)
+        if lora:  # checkpoints hold the adapters only
             restore = restore_adapter(run.policy, run.optimizer, sharded=run.pg.active)
-        state = load_latest(run.run_dir, run.policy, run.optimizer, restore)
+        state = load_latest(run.run_dir, run.policy, run.optimizer, restore, adapters_only=lora)
         _set_hyperparameters(run.optimizer, run.cfg)  # the config's (a resume_allow change), not the saved ones
         run.done_steps = int(state["step"]) if state else 0
         run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
@@ -220,6 +226,19 @@ def resume(run: Run) -> None:
         sync_weights(run)
     run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None
     run.best = eval_scores(run.run_dir, run.score_key)[1]
+    run.best_exported = run.pg.from_main(lambda: _kept_best(run))
+
+
+def _kept_best(run: Run) -> float | None:
+    """The score policy/best was exported with, if it is from a step this run has reached; a folder from past the
+    checkpoint resumed from (an abandoned future) or from a run started over is removed."""
+    folder = run.run_dir / POLICY / "best"
+    info = read_info(folder)
+    if info is not None and int(info.get("step", 0)) <= run.done_steps and info.get("score_key") == run.score_key:
+        return float(info["score"])
+    if folder.exists():
+        shutil.rmtree(folder)
+    return None
 
 
 def _set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: RunConfig) -> None:
@@ -229,22 +248,41 @@ def _set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: RunConfig) -> No
 
 
 def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
-    """checkpoints/step_<step>: full (unsharded) tensors, written by rank 0 while the others wait."""
+    """checkpoints/step_<step>. One process: safetensors + optimizer.pt. Several: every rank writes its own shards
+    at once (torch.distributed.checkpoint), nothing is gathered; rank 0 publishes the folder."""
     extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
-    lora = is_lora(run.policy)
-    weights = run.pg.full_state_dict(run.policy) if run.pg.active or lora else None  # collectives: every rank
-    if lora and weights is not None:  # the adapters only: the frozen base is the model the run started from
-        weights = adapter_state_dict(weights)
-    optim_state = run.pg.full_optimizer_state(run.policy, run.optimizer)
+    lora = is_lora(run.policy)  # the adapters only: the frozen base is the model the run started from
+    if run.pg.main:
+        run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
+    if run.pg.active:
+        save_sharded_checkpoint(
+            run.run_dir, step, run.policy, run.optimizer, extra, run.pg, adapters_only=lora, pause_s=pause_s
+        )
+        return
+    weights = adapter_state_dict(run.policy.state_dict()) if lora else None
+    save_checkpoint(run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights)
+
+
+def export_policy(run: Run, name: str, step: int, score: float | None) -> Path:
+    """policy/<name>: the current weights as a Hugging Face model folder (harness.loop.export), LoRA merged in. A
+    collective under FSDP2 (the full weights are gathered to rank 0, which writes); OSError if the write failed."""
+    folder = run.run_dir / POLICY / name
+    state = run.pg.full_state_dict(run.policy)
     try:
         if run.pg.main:
-            run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
-            save_checkpoint(
-                run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights,
-                optim_state=optim_state,
-            )  # fmt: skip
+            info = dict(
+                step=step,
+                score_key=run.score_key,
+                score=score,
+                objective=run.cfg.objective.name,
+                benchmark=run.cfg.benchmark.name,
+                base_model=str(model_dir(run.cfg)),
+                lora_merged=is_lora(run.policy),
+            )
+            save_policy_folder(folder, engine_state_dict(run.policy, state), run.policy, run.tokenizer, info)
     finally:
         run.pg.barrier()
+    return folder
 
 
 def checkpoint_or_warn(run: Run, step: int) -> None:
@@ -255,6 +293,17 @@ def checkpoint_or_warn(run: Run, step: int) -> None:
     except OSError as exc:
         run.failed_saves.append(step)
         tqdm.write(f"warning: {exc}; training continues, the previous checkpoint is intact", sys.stderr)
+
+
+def export_or_warn(run: Run, name: str, step: int, score: float | None) -> Path | None:
+    """`export_policy`; a failed write (disk full) is one warning line, training goes on and the summary lists it
+    under `policy_failed` (resuming a finished run writes policy/final again)."""
+    try:
+        return export_policy(run, name, step, score)
+    except OSError as exc:
+        run.failed_exports.append(f"{name}@{step}")
+        tqdm.write(f"warning: {exc}; the run goes on without it", sys.stderr)
+        return None
 
 
 def run_eval(run: Run, step: int) -> dict[str, float]:
@@ -286,6 +335,9 @@ def run_eval(run: Run, step: int) -> dict[str, float]:
     score = record[run.score_key]
     run.best = score if run.best is None else max(run.best, score)
     run.last_eval = record
+    if step >= 1 and (run.best_exported is None or score > run.best_exported):  # every rank: the export gathers
+        if export_or_warn(run, "best", step, score) is not None:
+            run.best_exported = score
     return record
 
 

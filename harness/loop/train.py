@@ -18,7 +18,17 @@ from tqdm import tqdm
 from harness.config import RunConfig
 from harness.loop import distributed
 from harness.loop.runlog import read_jsonl
-from harness.loop.state import Run, build_run, checkpoint_or_warn, eval_scores, open_log, resume, run_eval, sync_weights
+from harness.loop.state import (
+    Run,
+    build_run,
+    checkpoint_or_warn,
+    eval_scores,
+    export_or_warn,
+    open_log,
+    resume,
+    run_eval,
+    sync_weights,
+)
 from harness.loop.step import rl_step
 
 
@@ -47,6 +57,10 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
                 checkpoint_or_warn(run, step)
         summary.update(final_summary(run, summary))
+        final = export_or_warn(run, "final", t.total_steps, summary["final_score"])
+        summary["policy"] = None if final is None else str(final)
+        if run.failed_exports:
+            summary["policy_failed"] = run.failed_exports
     except BaseException as exc:  # KeyboardInterrupt too: the run directory must say it did not finish
         summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         log.finish("failed", summary, error=traceback.format_exc())

@@ -1,0 +1,91 @@
+"""Trained policies as Hugging Face model folders, for anyone to load: `from_pretrained`, vLLM, lighteval, and
+this harness's own `mode=eval model.path=<folder>`.
+
+    <run_dir>/policy/final/   the policy after the run's last step
+    <run_dir>/policy/best/    the trained policy (step >= 1) with the best evaluation score so far
+
+Each folder is what `save_pretrained` writes: config.json, generation_config.json, model.safetensors (sharded with
+an index past 50 GB), the tokenizer files; plus policy.json, which says where the weights come from (step, score,
+objective). A LoRA run's folder holds the merged model (W + alpha/r BA under the base model's names), loadable
+without peft. Under FSDP2 the weights are gathered to rank 0 in CPU memory (an export is a full model by nature;
+the resume checkpoints are not gathered). Written into a temp folder and renamed into place, like checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from harness.errors import first_line
+from harness.loop.runlog import fsync_path
+
+POLICY = "policy"
+INFO = "policy.json"
+_TMP_PREFIX = ".tmp-"
+
+
+def save_policy_folder(
+    folder: Path, weights: dict[str, torch.Tensor], policy: nn.Module, tokenizer: Any, info: dict[str, Any]
+) -> Path:
+    """Write `weights` (full, under the HF model's own names) as a model folder at `folder`, atomically: a reader
+    sees the previous folder or the new one, never a mix. `policy` gives the config and generation config.
+
+    The weights are saved through a skeleton of the model on the meta device (no memory), so `save_pretrained` does
+    what it does for any model (tied weights stored once, transformers' in-memory names mapped back to the
+    checkpoint format, shards and index) whatever wraps the live policy (FSDP2, LoRA layers, fp8 linears).
+    A failed write removes the temp folder and raises OSError naming the folder."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in folder.parent.glob(f"{_TMP_PREFIX}{folder.name}-*"):  # a crash mid-export
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{_TMP_PREFIX}{folder.name}-"))
+    try:
+        config = copy.deepcopy(policy.config)
+        dtype = next(iter(weights.values())).dtype
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        skeleton.generation_config = copy.deepcopy(policy.generation_config)
+        skeleton.save_pretrained(tmp, state_dict=_tie(weights, skeleton))
+        tokenizer.save_pretrained(tmp)
+        (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n")
+        for f in tmp.iterdir():
+            fsync_path(f)
+    except Exception as e:  # OSError (disk full), safetensors' or transformers' own errors: all mean "not saved"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"policy folder {folder} could not be written: {first_line(e)}") from e
+    old = folder.parent / f"{_TMP_PREFIX}{folder.name}-replaced"
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+    os.replace(tmp, folder)
+    fsync_path(folder.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _tie(weights: dict[str, torch.Tensor], skeleton: nn.Module) -> dict[str, torch.Tensor]:
+    """Tied parameters (a head tied to the embeddings) as one tensor under each name: a state dict gathered from
+    FSDP2 holds separate copies, which save_pretrained would store twice; it stores a shared tensor once."""
+    first: dict[int, str] = {}
+    out = dict(weights)
+    for name, p in skeleton.named_parameters(remove_duplicate=False):
+        kept = first.setdefault(id(p), name)
+        if kept != name and kept in out and name in out:
+            out[name] = out[kept]
+    return out
+
+
+def read_info(folder: Path) -> dict[str, Any] | None:
+    """A policy folder's policy.json, or None if there is no readable one."""
+    try:
+        return json.loads((folder / INFO).read_text())
+    except (OSError, ValueError):
+        return None
