@@ -266,6 +266,8 @@ def write_report(
         "suite": str(suite.path.name),
         "quick": quick,
         "wall_time_s": wall_s,
+        # The pass above may have skipped runs finished earlier; this is what every run on disk cost (summed).
+        "runs_time_s": runs_time_s(jobs, status),
         "runs": len(per_run),
         "failed_runs": int(len(failed)),
         "claims": entries,
@@ -276,6 +278,19 @@ def write_report(
     per_run.to_csv(out / "runs.csv", index=False)
     (out / "FINDINGS.md").write_text(markdown(doc, suite, failed), encoding="utf-8")
     return int(len(failed))
+
+
+def runs_time_s(jobs: Sequence[Any], status: dict[Any, str]) -> float:
+    """The completed runs' own wall times (summary.json), summed: the suite's cost whatever pass ran them."""
+    total = 0.0
+    for job in jobs:
+        if status.get(job) != "completed":
+            continue
+        try:
+            total += float(json.loads((job.run_dir / "summary.json").read_text(encoding="utf-8"))["wall_time_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a run without its summary's time counts nothing rather than failing the report
+    return total
 
 
 def _json_default(x: Any) -> Any:
@@ -292,7 +307,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
         "",
         f"Written by `python -m analysis.suite{' --quick' if doc['quick'] else ''}` from `{doc['suite']}` "
         f"({doc['runs']} runs: {doc['failed_runs']} failed, {doc['runs_not_run']} not run yet; "
-        f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass). "
+        f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "
+        f"{doc['runs_time_s'] / 60:.1f} min of one-thread run time in all, two at a time). "
         "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval; P(A>B) over seed "
         "pairs; each verdict follows the rule written in the suite file before the runs.",
         "",

@@ -34,7 +34,7 @@ def write_run(run_dir: Path, rewards: list[float], final_eval: float, status: st
     with open(run_dir / "eval.jsonl", "w") as f:
         f.write(json.dumps({"step": 0, "avg@1": 0.2}) + "\n")
         f.write(json.dumps({"step": len(rewards), "avg@1": final_eval}) + "\n")
-    summary = {"status": status, "error": None if status == "completed" else "RuntimeError: boom"}
+    summary = {"status": status, "error": None if status == "completed" else "RuntimeError: boom", "wall_time_s": 60.0}
     (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
@@ -78,7 +78,7 @@ def test_planted_effect_is_found_and_equivalence_holds(tmp_path):
     assert one["arms"]["a"]["mismatch_abs_mean"] == pytest.approx(0.01)  # the step-1 mismatch is recorded
     assert two["verdict"] == REPRODUCED
     assert doc["by_id"][5]["verdict"] == "not tested"
-    assert doc["exit_code"] == 0
+    assert doc["exit_code"] == 0 and doc["runs_time_s"] == 9 * 60.0  # every run on disk, though this pass ran none
     md = (tmp_path / "FINDINGS.md").read_text()
     assert "| 1. A beats B | Fig. X | final_eval |" in md and "**reproduced**" in md
 
@@ -95,7 +95,7 @@ def test_a_failed_run_makes_its_claims_inconclusive_and_the_suite_fail(tmp_path)
     doc = report(make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]}, ("a", 1)))
     assert doc["by_id"][1]["verdict"] == INCONCLUSIVE and doc["by_id"][2]["verdict"] == INCONCLUSIVE
     assert doc["by_id"][1]["arms"]["a"]["failed"] == [{"seed": 1, "error": "RuntimeError: boom"}]
-    assert doc["exit_code"] == 1 and doc["failed_runs"] == 1
+    assert doc["exit_code"] == 1 and doc["failed_runs"] == 1 and doc["runs_time_s"] == 8 * 60.0  # completed runs only
     assert "RuntimeError: boom" in (tmp_path / "FINDINGS.md").read_text()
 
 
