@@ -37,7 +37,8 @@ def save_policy_folder(
     folder: Path, weights: dict[str, torch.Tensor], policy: nn.Module, tokenizer: Any, info: dict[str, Any]
 ) -> Path:
     """Write `weights` (full, under the HF model's own names) as a model folder at `folder`, atomically: a reader
-    sees the previous folder or the new one, never a mix. `policy` gives the config and generation config.
+    sees the previous folder or the new one, never a mix (between the two renames, for an instant, neither: POSIX
+    cannot swap two non-empty folders in one step). `policy` gives the config and generation config.
 
     The weights are saved through a skeleton of the model on the meta device (no memory), so `save_pretrained` does
     what it does for any model (tied weights stored once, transformers' in-memory names mapped back to the
