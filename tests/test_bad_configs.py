@@ -183,15 +183,20 @@ def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):
 
     from tests.conftest import ROOT
 
-    env = {**os.environ, "HF_ENDPOINT": "https://hub.invalid", "HF_HUB_OFFLINE": "0"}
+    # W&B as a user gets it without the Makefile's WANDB_SILENT: its banner would come before our line if W&B
+    # started before the benchmark was read.
+    env = {**os.environ, "HF_ENDPOINT": "https://hub.invalid", "HF_HUB_OFFLINE": "0", "WANDB_MODE": "offline",
+           "WANDB_SILENT": "false"}  # fmt: skip
     res = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), "mode=eval", "benchmark=aime24", "rollout=hf", "logger=none",
+        [sys.executable, str(ROOT / "run.py"), "mode=eval", "benchmark=aime24", "rollout=hf",
          f"hydra.run.dir={tmp_path / 'eval'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr[-2000:]
     assert res.stderr.startswith("error: benchmark.path: hub dataset 'HuggingFaceH4/aime_2024' cannot be downloaded")
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == res.stderr.strip().removeprefix("error: ")
 
 
 def test_training_prompts_that_cannot_fit_fail_before_the_model_loads(tmp_path, small_model):

@@ -143,6 +143,12 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
     summary.json into `run_dir`. Returns the summary."""
     t_start = time.time()
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+    # First, before W&B starts (its banner would precede the line) and before any model: a benchmark out of reach
+    # is one line, as in training; run.py's handler records it in summary.json.
+    try:
+        problems = load_benchmark(cfg.benchmark, cfg.data)
+    except (ValueError, OSError, ImportError) as exc:
+        raise SetupError(first_line(exc)) from exc
     log = RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=False)  # job type "eval", name eval-<bench>
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": "eval", "benchmark": cfg.benchmark.name}
     engine = None
@@ -150,7 +156,6 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
         # --- model: base weights for the engine, then the checkpoint's on top ---
         # A missing file, a hub dataset out of reach, an unusable checkpoint: one line (SetupError), as in training.
         try:
-            problems = load_benchmark(cfg.benchmark, cfg.data)  # first: a missing benchmark costs no model build
             src = resolve_model(cfg)
             summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
             tokenizer = load_tokenizer(src.base)[0]
