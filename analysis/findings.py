@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.verdicts import Rule, combine, compare
+from analysis.verdicts import INCONCLUSIVE, Rule, combine, compare, replication_seeds
 from harness.loop.runlog import read_jsonl
 
 QUARTER = 0.25  # "early" / "late": the first / last quarter of the steps
@@ -164,6 +164,7 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
             "a": part["a"], "b": b, "metric": part["metric"], "rule": part["rule"], "effect": c.effect,
             "ci_low": c.ci_low, "ci_high": c.ci_high, "prob_a_better": c.prob_a_better, "seeds": list(c.seeds),
             "verdict": c.verdict, "why": c.why,
+            "replication_seeds": replication_seeds(a, b_vals, rule) if c.verdict == INCONCLUSIVE else None,
         })  # fmt: skip
     head = parts[0]
     arms = {}
@@ -265,6 +266,7 @@ def write_report(
     doc = {
         "suite": str(suite.path.name),
         "quick": quick,
+        "seeds": list(suite.seeds),
         "wall_time_s": wall_s,
         # The pass above may have skipped runs finished earlier; this is what every run on disk cost (summed).
         "runs_time_s": runs_time_s(jobs, status),
@@ -306,7 +308,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
         "# Findings on 2 CPU cores",
         "",
         f"Written by `python -m analysis.suite{' --quick' if doc['quick'] else ''}` from `{doc['suite']}` "
-        f"({doc['runs']} runs: {doc['failed_runs']} failed, {doc['runs_not_run']} not run yet; "
+        f"(seeds {', '.join(map(str, doc['seeds']))}; {doc['runs']} runs: {doc['failed_runs']} failed, {doc['runs_not_run']} not run yet; "
         f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "
         f"{doc['runs_time_s'] / 60:.1f} min of one-thread run time in all, two at a time). "
         "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval; P(A>B) over seed "
@@ -334,15 +336,63 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
             lines.append(
                 f"- {p['a']} vs {b} on `{p['metric']}` ({p['rule']['kind']}, margin {p['rule'].get('margin', 0)}): "
                 f"effect {_fmt(p['effect'])}, {p['why']}, P(A>B) {_fmt(p['prob_a_better'], 2)}, "
-                f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict']}"
+                f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict']}{_replication_note(p)}"
             )
         mism = ", ".join(f"{a} {_fmt(v['mismatch_abs_mean'], 2)}" for a, v in e["arms"].items())
         lines.append(f"- step-1 mean |π−μ| per arm: {mism}")
         for f in e.get("figures", []):
             lines.append(f"- figure: [{f}]({f})")
         lines.append("")
+    lines += _inconclusive_section(doc)
     if len(failed):
         lines += ["## Failed runs", "", "| arm | seed | error |", "|---|---|---|"]
         lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _replication_note(part: dict[str, Any]) -> str:
+    if part["verdict"] != INCONCLUSIVE or min(part["seeds"]) < part["rule"].get("min_seeds", 3):
+        return ""
+    n = part.get("replication_seeds")
+    if n is None:
+        return " (the measured effect lies on the wrong side of the rule's boundary: more seeds would not reproduce it)"
+    return f" (a replication at this effect and spread: ~{n} seeds per arm)"
+
+
+def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
+    """Why each inconclusive comparison is inconclusive: too few seeds for the measured effect, or an effect the
+    rule does not count, with the seeds and one-thread hours a replication would take (a planning number)."""
+    run_h = doc["runs_time_s"] / max(1, doc["runs"] - doc["failed_runs"] - doc["runs_not_run"]) / 3600
+    rows = []
+    for e in doc["claims"]:
+        for p in e.get("parts", []):
+            if p["verdict"] != INCONCLUSIVE or min(p["seeds"]) < p["rule"].get("min_seeds", 3):
+                continue
+            n = p.get("replication_seeds")
+            arms = 2 if isinstance(p["b"], str) else 1
+            b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
+            if n is None:
+                why, cost = "effect within the margin: not a seed-count problem", "–"
+            else:
+                why, cost = f"too few seeds: ~{n} per arm", f"{n * arms * run_h:.1f}"
+            rows.append(
+                f"| {e['id']} | {p['a']} vs {b} | `{p['metric']}` | {_fmt(p['effect'])} | "
+                f"{p['rule']['kind']} {p['rule'].get('margin', 0)} | {why} | {cost} |"
+            )
+    if not rows:
+        return []
+    return [
+        "## Why the inconclusive comparisons are inconclusive",
+        "",
+        "Seeds per arm a fresh replication would need for its 95% interval to clear the rule's boundary with 80% "
+        "probability, were the true effect and the per-seed spread what these seeds measured (normal "
+        "approximation; `analysis.verdicts.replication_seeds`). A planning number, not a verdict: a replication is "
+        "a new experiment on new seeds (`python -m analysis.suite --seeds 3-12`), decided by the same rules on its "
+        "own seeds, never pooled with these. Hours are one-thread run time at this suite's mean run time.",
+        "",
+        "| claim | comparison | metric | effect | rule | why inconclusive | one-thread hours |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]

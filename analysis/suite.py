@@ -3,6 +3,8 @@
     python -m analysis.suite                       # findings/suite.yaml: every run, then FINDINGS.md + findings.json
     python -m analysis.suite --quick               # the suite's named `quick` subset (fewer arms and seeds)
     python -m analysis.suite --report-only         # verdicts from the runs already on disk
+    python -m analysis.suite --seeds 3-12          # a replication: new seeds, their own folder and verdicts
+    python -m analysis.suite --claims 12           # one claim's arms only, and its verdict only
 
 The suite file (findings/suite.yaml) holds the calibrated base setting, the arms (Hydra overrides), the seeds and,
 per claim, the comparisons and the rule that decides each one, written before any run. Runs are `run.py`
@@ -92,6 +94,33 @@ class Suite:
         ]
 
 
+def parse_seeds(text: str) -> list[int]:
+    """'3-12' -> [3, ..., 12]; '3,5,8' -> [3, 5, 8]."""
+    try:
+        if "-" in text.strip("-"):
+            lo, hi = (int(x) for x in text.split("-"))
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distinct seeds >= 0 as a range 3-12 or a list 3,5,8")
+    return seeds
+
+
+def parse_claims(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected claim ids such as 12 or 1,12") from None
+
+
+def seeds_label(seeds: list[int]) -> str:
+    contiguous = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+    return f"{seeds[0]}-{seeds[-1]}" if contiguous and len(seeds) > 1 else "_".join(map(str, seeds))
+
+
 def claim_arms(claim: dict[str, Any]) -> list[str]:
     """Every arm a claim compares or draws."""
     arms = list(claim.get("arms", []))
@@ -153,10 +182,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the suite's `quick` subset")
     p.add_argument("--jobs", type=int, default=None, help="parallel one-thread runs (default: the suite's)")
     p.add_argument("--report-only", action="store_true", help="no runs: verdicts from what is on disk")
+    p.add_argument(
+        "--seeds", type=parse_seeds, default=None,
+        help="a replication's seeds, e.g. 3-12 or 3,5,8: runs and verdicts in their own folder (default "
+        "<suite folder>/seeds_<seeds>), never pooled with the suite's own seeds",
+    )  # fmt: skip
+    p.add_argument(
+        "--claims", type=parse_claims, default=None,
+        help="only these claim ids, e.g. 12 or 1,12: their arms run and only they are reported",
+    )  # fmt: skip
     args = p.parse_args(argv)
     suite = Suite.load(args.suite)
+    if args.claims is not None:
+        unknown = sorted(set(args.claims) - {c["id"] for c in suite.claims})
+        if unknown:
+            ids = ", ".join(str(c["id"]) for c in suite.claims)
+            raise SystemExit(f"error: --claims: {unknown} not in {suite.path.name} (claims: {ids})")
+        suite.claims = [c for c in suite.claims if c["id"] in args.claims]
     out = args.out or suite.path.parent
     claims, seeds, only = suite.selection(args.quick)
+    if args.seeds is not None:
+        # A replication is a new experiment: the suite's rules on new seeds, decided on those seeds alone.
+        suite.seeds = seeds = args.seeds
+        out = args.out or suite.path.parent / f"seeds_{seeds_label(seeds)}"
     jobs = suite.jobs_for(claims, seeds, out / "runs", only)
     t0 = time.time()
     ran = {} if args.report_only else run_jobs(jobs, args.jobs or suite.jobs)

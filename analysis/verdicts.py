@@ -16,10 +16,15 @@ Rules (`Rule.kind`):
 - `equivalent`: the claim says A ~ B. Reproduced when the whole interval lies inside [-margin, margin],
   contradicted when it lies entirely outside it, otherwise inconclusive.
 A comparison with a missing or failed arm, or fewer than `min_seeds` finished seeds in either arm, is inconclusive.
+
+`replication_seeds` turns an inconclusive comparison into a planning number: the seeds per arm a fresh
+replication would need, were the true effect and spread what these seeds measured. It is a pilot's sample-size
+estimate, not a verdict: a replication is a new experiment on new seeds, decided by the same rule on its own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,6 +106,32 @@ def compare(a: Sequence[float] | None, b: Sequence[float] | None, rule: Rule) ->
     effect, lo, hi = effect_interval(a_ok, b_ok)
     verdict, why = decide(lo, hi, rule)
     return Comparison(effect, lo, hi, probability_of_improvement(a_ok, b_ok), seeds, verdict, why)
+
+
+def replication_seeds(
+    a: Sequence[float], b: Sequence[float], rule: Rule, power: float = 0.8
+) -> int | None:
+    """Seeds per arm for a replication's 95% interval to clear `rule`'s boundary with probability `power`, if the
+    true effect were IQM(a) - IQM(b) and the per-seed spread these seeds' (normal approximation: the standard
+    two-sample size formula). None when the measured effect lies on the claim's wrong side of the boundary (e.g.
+    inside the margin of a `greater` rule): at that effect no seed count reproduces the claim."""
+    a_ok = np.asarray([v for v in a if np.isfinite(v)], dtype=float)
+    b_ok = np.asarray([v for v in b if np.isfinite(v)], dtype=float)
+    if min(len(a_ok), len(b_ok)) < 2:
+        return None
+    effect, m = iqm(a_ok) - iqm(b_ok), rule.margin
+    # Distance from the measured effect to the boundary the interval has to clear.
+    distance = {
+        "greater": effect - m,
+        "less": -effect - m,
+        "noninferior": effect + m,
+        "equivalent": m - abs(effect),
+    }[rule.kind]
+    if distance <= 0:
+        return None
+    variance = float(np.var(a_ok, ddof=1) + (np.var(b_ok, ddof=1) if np.ptp(b_ok) > 0 else 0.0))
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(power)
+    return max(rule.min_seeds, math.ceil(z**2 * variance / distance**2))
 
 
 def decide(lo: float, hi: float, rule: Rule) -> tuple[str, str]:
