@@ -156,3 +156,50 @@ def test_every_figure_kind_the_suite_names_is_drawn_by_a_function():
     assert all(callable(figure_function(kind)) for kind in kinds)
     with pytest.raises(ValueError, match="unknown figure kind 'clipped'"):
         figure_function("clipped")
+
+
+def test_replication_seeds_match_the_two_sample_formula():
+    """n = (z_0.975 + z_0.8)^2 (s_a^2 + s_b^2) / d^2, d the distance from the effect to the rule's boundary.
+    Here s_a^2 = s_b^2 = 0.01 and (1.95996 + 0.84162)^2 = 7.84888."""
+    from analysis.verdicts import replication_seeds
+
+    a, b = [0.5, 0.6, 0.7], [0.3, 0.4, 0.5]  # effect 0.2
+    assert replication_seeds(a, b, Rule("greater", margin=0.1)) == 16  # 7.84888 * 0.02 / 0.1^2 = 15.7
+    assert replication_seeds(a, [0.4] * 3, Rule("greater", margin=0.1)) == 8  # a constant: only a's spread, 7.85
+    assert replication_seeds(b, a, Rule("less", margin=0.1)) == 16
+    assert replication_seeds(a, b, Rule("equivalent", margin=0.3)) == 16  # 0.3 - |0.2| = 0.1 to the band's edge
+    assert replication_seeds(b, a, Rule("noninferior", margin=0.3)) == 16  # -0.2 is 0.1 above -0.3
+    assert replication_seeds(a, b, Rule("greater", margin=0.25)) is None  # the effect lies inside the margin
+    assert replication_seeds(a, b, Rule("equivalent", margin=0.15)) is None  # already outside the band
+    assert replication_seeds([5.0, 5.1, 4.9], b, Rule("greater")) == 3  # never fewer than the rule's min_seeds
+
+
+def test_report_says_why_each_inconclusive_comparison_is_inconclusive(tmp_path):
+    doc = report(make_suite(tmp_path, {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.45, 0.6, 0.75]}))
+    one, two = doc["by_id"][1]["parts"][0], doc["by_id"][2]["parts"][0]
+    assert one["verdict"] == REPRODUCED and one["replication_seeds"] is None  # decided: nothing to plan
+    assert two["verdict"] == INCONCLUSIVE and two["replication_seeds"] == 26  # effect 0: 7.84888 * (0.01 + 0.0225) / 0.1^2 = 25.5
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.1 | too few seeds: ~26 per arm | 0.9 |" in md
+    inside = report(make_suite(tmp_path / "in", {"a": [0.5, 0.6, 0.7], "b": [0.49, 0.6, 0.7], "c": [0.5, 0.6, 0.7]}))
+    assert inside["by_id"][1]["parts"][0]["replication_seeds"] is None
+    assert "effect within the margin: not a seed-count problem" in (tmp_path / "in" / "FINDINGS.md").read_text()
+
+
+def test_a_replication_runs_new_seeds_in_its_own_folder_and_never_pools_them(tmp_path):
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.52, 0.55, 0.57]})
+    before = (tmp_path / "findings.json").read_text() if (tmp_path / "findings.json").exists() else None
+    for seed, value in ((3, 0.5), (4, 0.52)):  # a replication's runs on disk for arms a and b only
+        for arm in ("a", "b"):
+            write_run(tmp_path / "seeds_3-4" / "runs" / arm / f"seed{seed}", [value] * 8, value)
+    assert suite_mod.main(["--suite", str(path), "--report-only", "--seeds", "3-4", "--claims", "1"]) == 0
+    rep = json.loads((tmp_path / "seeds_3-4" / "findings.json").read_text())
+    assert rep["seeds"] == [3, 4] and [c["id"] for c in rep["claims"]] == [1]
+    assert rep["runs"] == 4 and rep["claims"][0]["parts"][0]["seeds"] == [2, 2]  # seeds 0-2 are not pooled in
+    assert (tmp_path / "findings.json").exists() is (before is not None)  # the suite's own report is untouched
+    assert suite_mod.parse_seeds("3,5,8") == [3, 5, 8] and suite_mod.seeds_label([3, 5, 8]) == "3_5_8"
+    for bad in ("3-x", "5-3", "1,1", "-2"):
+        with pytest.raises(Exception, match="expected distinct seeds"):
+            suite_mod.parse_seeds(bad)
+    with pytest.raises(SystemExit, match=r"--claims: \[7\] not in suite.yaml \(claims: 1, 2, 5\)"):
+        suite_mod.main(["--suite", str(path), "--report-only", "--claims", "7"])
