@@ -308,7 +308,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
         "# Findings on 2 CPU cores",
         "",
         f"Written by `python -m analysis.suite{' --quick' if doc['quick'] else ''}` from `{doc['suite']}` "
-        f"(seeds {', '.join(map(str, doc['seeds']))}; {doc['runs']} runs: {doc['failed_runs']} failed, {doc['runs_not_run']} not run yet; "
+        f"(seeds {', '.join(map(str, doc['seeds']))}; {doc['runs']} runs: {doc['failed_runs']} failed, "
+        f"{doc['runs_not_run']} not run yet; "
         f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "
         f"{doc['runs_time_s'] / 60:.1f} min of one-thread run time in all, two at a time). "
         "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval; P(A>B) over seed "

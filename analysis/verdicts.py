@@ -108,9 +108,7 @@ def compare(a: Sequence[float] | None, b: Sequence[float] | None, rule: Rule) ->
     return Comparison(effect, lo, hi, probability_of_improvement(a_ok, b_ok), seeds, verdict, why)
 
 
-def replication_seeds(
-    a: Sequence[float], b: Sequence[float], rule: Rule, power: float = 0.8
-) -> int | None:
+def replication_seeds(a: Sequence[float], b: Sequence[float], rule: Rule, power: float = 0.8) -> int | None:
     """Seeds per arm for a replication's 95% interval to clear `rule`'s boundary with probability `power`, if the
     true effect were IQM(a) - IQM(b) and the per-seed spread these seeds' (normal approximation: the standard
     two-sample size formula). None when the measured effect lies on the claim's wrong side of the boundary (e.g.

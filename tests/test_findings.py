@@ -178,7 +178,7 @@ def test_report_says_why_each_inconclusive_comparison_is_inconclusive(tmp_path):
     doc = report(make_suite(tmp_path, {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.45, 0.6, 0.75]}))
     one, two = doc["by_id"][1]["parts"][0], doc["by_id"][2]["parts"][0]
     assert one["verdict"] == REPRODUCED and one["replication_seeds"] is None  # decided: nothing to plan
-    assert two["verdict"] == INCONCLUSIVE and two["replication_seeds"] == 26  # effect 0: 7.84888 * (0.01 + 0.0225) / 0.1^2 = 25.5
+    assert two["verdict"] == INCONCLUSIVE and two["replication_seeds"] == 26  # effect 0: 7.849 * 0.0325 / 0.1^2 = 25.5
     md = (tmp_path / "FINDINGS.md").read_text()
     assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.1 | too few seeds: ~26 per arm | 0.9 |" in md
     inside = report(make_suite(tmp_path / "in", {"a": [0.5, 0.6, 0.7], "b": [0.49, 0.6, 0.7], "c": [0.5, 0.6, 0.7]}))
