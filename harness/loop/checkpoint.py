@@ -212,7 +212,7 @@ def load_latest(
     that does not fit the model or optimizer raises ValueError, since an older one would not fit either.
     """
     root = Path(run_dir) / CHECKPOINTS
-    candidates = _load_order(root) if root.is_dir() else []
+    candidates = load_order(root) if root.is_dir() else []
     for path in candidates:
         if sharded.is_sharded(path):
             loaded = _load_sharded(path, model, optimizer, adapters_only)
@@ -284,7 +284,7 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _load_order(root: Path) -> list[Path]:
+def load_order(root: Path) -> list[Path]:
     """The folder `latest` names first, then the rest newest first."""
     order = [p for _, p in reversed(complete_checkpoints(root))]
     pointer = root / LATEST

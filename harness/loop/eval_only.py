@@ -33,6 +33,7 @@ from safetensors import safe_open
 from harness.config import ModelConfig, RunConfig, SetupError, validate
 from harness.errors import first_line
 from harness.loop import sharded
+from harness.loop.checkpoint import load_order
 from harness.loop.evaluate import evaluate
 from harness.loop.export import read_info
 from harness.loop.runlog import RunLog
@@ -110,17 +111,11 @@ def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
 
 
 def _latest_checkpoint(run: Path) -> Path:
-    """checkpoints/<name in `latest`>, else the highest step_<k> (harness.loop.checkpoint's layout)."""
-    root = run / "checkpoints"
-    pointer = root / "latest"
-    if pointer.is_file() and (root / pointer.read_text().strip()).is_dir():
-        return root / pointer.read_text().strip()
-    steps = sorted(
-        (int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else []) if (m := _STEP_DIR.fullmatch(p.name))
-    )
-    if not steps:
+    """The checkpoint a resume would load: the one `latest` names, else the newest complete step_<k>."""
+    order = load_order(run / "checkpoints")
+    if not order:
         raise FileNotFoundError(f"model.path: run directory {run} has no checkpoint under checkpoints/")
-    return steps[-1][1]
+    return order[0]
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
