@@ -117,11 +117,19 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def run_error(run_dir: Path) -> str:
+    """The run's recorded error; a run refused before its directory existed (a bad override) has none, so the
+    last line of its console log (runs/<arm>/seed<k>.log, written by the suite) says why."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
         return str(summary.get("error") or "no error recorded")
     except (OSError, ValueError):
-        return "the run left no summary.json"
+        pass
+    try:
+        log = (run_dir.parent / f"{run_dir.name}.log").read_text(encoding="utf-8", errors="replace")
+        last = [line for line in log.splitlines() if line.strip()][-1:]
+    except OSError:
+        last = []
+    return f"no summary.json; its log ends: {last[0].strip()}" if last else "the run left no summary.json"
 
 
 def evaluate_claims(

@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
 
@@ -136,6 +138,14 @@ def run_status(run_dir: Path) -> str | None:
         return None
 
 
+def disk_status(job: Job) -> str:
+    """What a run left on disk: its summary's status; "failed" when only the suite's log of it exists (refused
+    before its directory was made, e.g. a bad override); "not run" when neither does."""
+    if status := run_status(job.run_dir):
+        return status
+    return "failed" if (job.run_dir.parent / f"seed{job.seed}.log").exists() else "not run"
+
+
 def run_one(job: Job) -> tuple[Job, str, float]:
     """One run.py process with one thread, from scratch (an unfinished earlier attempt is removed); its console
     output goes to seed<k>.log beside the run directory."""
@@ -163,13 +173,11 @@ def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
             job, st, secs = fut.result()
             status[job] = st
             done += 1
-            elapsed = time.time() - t0
-            left = elapsed / done * (len(todo) - done)
-            print(
-                f"[{done}/{len(todo)}] {job.arm} seed {job.seed}: {st} in {secs:.0f} s "
-                f"(elapsed {elapsed / 60:.1f} min, ~{left / 60:.1f} min left)",
-                flush=True,
-            )
+            line = job_line(
+                [f"arm={job.arm}", f"seed={job.seed}"], ["arm", "seed"], job.arm, st, done, len(todo), secs,
+                time.time() - t0,
+            )  # fmt: skip
+            print(line, flush=True)
     return status
 
 
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     # runs), and a full pass after it reuses the quick runs.
     every = suite.jobs_for(suite.claims, suite.seeds, out / "runs")
     every += [j for j in jobs if j not in every]
-    status = {j: ran.get(j) or run_status(j.run_dir) or "not run" for j in every}
+    status = {j: ran.get(j) or disk_status(j) for j in every}
     failed = write_report(suite, suite.claims, every, status, out, wall_s=wall, quick=args.quick)
     return 1 if failed else 0
 

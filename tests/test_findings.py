@@ -203,3 +203,28 @@ def test_a_replication_runs_new_seeds_in_its_own_folder_and_never_pools_them(tmp
             suite_mod.parse_seeds(bad)
     with pytest.raises(SystemExit, match=r"--claims: \[7\] not in suite.yaml \(claims: 1, 2, 5\)"):
         suite_mod.main(["--suite", str(path), "--report-only", "--claims", "7"])
+
+
+def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, capsys):
+    """A real run.py process refused on a bad override (no run directory, no summary.json): the progress line
+    says failed, FINDINGS.md carries run.py's one-line error from the run's log, the suite exits non-zero, and a
+    later --report-only still counts it failed, not "not run"."""
+    suite = {
+        "base": ["rollout=hf", "logger=none"],
+        "seeds": [0],
+        "arms": {"bad": ["objective=nope"]},
+        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
+            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
+    }  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    assert suite_mod.main(["--suite", str(path)]) == 1
+    assert "[1/1] arm=bad seed=0 done in" in capsys.readouterr().out
+    for args in ([], ["--report-only"]):
+        if args:
+            assert suite_mod.main(["--suite", str(path), *args]) == 1
+        doc = json.loads((tmp_path / "findings.json").read_text())
+        assert doc["failed_runs"] == 1 and doc["runs_not_run"] == 0
+        failed = doc["claims"][0]["arms"]["bad"]["failed"]
+        assert failed[0]["seed"] == 0 and "objective=nope is not an option" in failed[0]["error"]
+        assert "objective=nope is not an option" in (tmp_path / "FINDINGS.md").read_text()
