@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import GROUP_NAMES, check_group_options
 from harness.config import validate
-from tests.test_config import composed, run_cli
+from tests.test_config import children_cpu_s, composed, run_cli
 
 
 def gpt2_folder(tmp: Path) -> str:
@@ -118,11 +118,11 @@ BAD = [
 def test_bad_config_fails_fast_in_one_line(tmp_path, overrides, key, allowed):
     for name, make in PLACEHOLDERS.items():
         overrides = [o.replace(name, make(tmp_path)) if name in o else o for o in overrides]
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: what validation costs, whatever else runs
     with pytest.raises(ValueError) as err:
         validate(composed(*overrides))
     message = str(err.value)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     assert "\n" not in message and key in message and allowed in message, message
 
 
@@ -140,13 +140,13 @@ def test_unknown_group_option_lists_the_valid_ones(group, capsys):
 
 
 def test_cli_rejects_a_bad_precision_model_pair_before_loading_anything(tmp_path):
-    start = time.perf_counter()
+    start = children_cpu_s()
     res = run_cli("precision=fp8_e2e", f"model.path={gpt2_folder(tmp_path)}", f"hydra.run.dir={tmp_path / 'run'}",
                   cwd=tmp_path)  # fmt: skip
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert res.stderr.startswith("error: precision.name: fp8_e2e")
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
-    assert time.perf_counter() - start < 30  # interpreter + torch import included; no model, no engine
+    assert children_cpu_s() - start < 30  # CPU s: interpreter + torch import included; no model, no engine
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
@@ -164,13 +164,13 @@ def test_cli_refuses_values_that_used_to_fail_after_the_model_loaded(tmp_path):
         ("trainer.max_new_tokens=100000", "error: trainer.max_new_tokens: 100000 leaves no room for a prompt"),
         ("trainer.lr=inf", "error: trainer.lr: must be a finite number, got inf"),
     ):
-        start = time.perf_counter()
+        start = children_cpu_s()
         run_dir = tmp_path / bad.partition("=")[0]
         res = run_cli(bad, f"hydra.run.dir={run_dir}", cwd=tmp_path)
         assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
         assert res.stderr.startswith(message), res.stderr
         assert not (run_dir / "checkpoints").exists()
-        assert time.perf_counter() - start < 30
+        assert children_cpu_s() - start < 30
 
 
 def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):

@@ -20,7 +20,7 @@ import torch
 from harness.loop.lock import RunDirBusy, RunDirLock, holder
 from harness.loop.runlog import read_jsonl
 from tests.conftest import FAST_TRAINER, ROOT
-from tests.test_config import run_cli
+from tests.test_config import children_cpu_s, run_cli
 
 
 def base(run_dir: Path, small_model: list[str], *extra: str) -> list[str]:
@@ -132,9 +132,9 @@ def test_the_final_and_best_policies_load_with_from_pretrained_and_mode_eval(tmp
 
 def test_resume_with_nothing_to_resume_says_so_unless_auto(tmp_path, small_model):
     empty = tmp_path / "empty"
-    start = time.perf_counter()
+    start = children_cpu_s()
     res = run_cli(*base(empty, small_model, "trainer.resume=true"), cwd=tmp_path)
-    assert res.returncode == 2 and time.perf_counter() - start < 60
+    assert res.returncode == 2 and children_cpu_s() - start < 60
     assert one_line(res).startswith(f"error: trainer.resume: {empty} has no checkpoint to resume from")
     assert not (empty / "metrics.jsonl").exists()
     res = run_cli(*base(empty, small_model, "trainer.resume=auto"), cwd=tmp_path)
