@@ -360,6 +360,15 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+# Where a measured effect sits when more seeds would not reproduce the claim, by rule kind.
+_WRONG_SIDE = {
+    "greater": "inside the margin",
+    "less": "inside the margin",
+    "noninferior": "below -margin",
+    "equivalent": "outside the ±margin band",
+}
+
+
 def _replication_note(part: dict[str, Any]) -> str:
     if part["verdict"] != INCONCLUSIVE or min(part["seeds"]) < part["rule"].get("min_seeds", 3):
         return ""
@@ -382,7 +391,7 @@ def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
             arms = 2 if isinstance(p["b"], str) else 1
             b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
             if n is None:
-                why, cost = "effect within the margin: not a seed-count problem", "–"
+                why, cost = f"effect {_WRONG_SIDE[p['rule']['kind']]}: not a seed-count problem", "–"
             else:
                 why, cost = f"too few seeds: ~{n} per arm", f"{n * arms * run_h:.1f}"
             rows.append(
