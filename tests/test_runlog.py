@@ -286,7 +286,6 @@ def run_online(tmp_path: Path, key: str, hang: bool, timeout_s: float) -> tuple[
     return elapsed, total, proc.stderr
 
 
-@pytest.mark.serial  # wall-clock bounds: the time W&B may hold training up is the point
 @pytest.mark.parametrize("key", ["dummy", "0123456789" * 4])
 def test_wandb_online_without_network_warns_once_and_logs_locally(tmp_path: Path, key: str) -> None:
     # "dummy" is refused by wandb at once (keys have 40+ characters); a well-formed key gets as far as
@@ -297,7 +296,6 @@ def test_wandb_online_without_network_warns_once_and_logs_locally(tmp_path: Path
     assert elapsed < 30 and total < 30
 
 
-@pytest.mark.serial
 def test_wandb_init_hang_is_cut_off_by_the_guard(tmp_path: Path) -> None:
     # A server that never answers: wandb's account lookup alone waits ~10 s before init_timeout starts, so
     # the thread guard (init_timeout_s + grace, here 1 + 1 s) is what returns control to training.
