@@ -369,12 +369,17 @@ _WRONG_SIDE = {
 }
 
 
+def _planned(part: dict[str, Any]) -> bool:
+    """Inconclusive with every seed it needs: a comparison short of runs is a failed-run matter, not a plan."""
+    return part["verdict"] == INCONCLUSIVE and min(part["seeds"]) >= part["rule"].get("min_seeds", 3)
+
+
 def _replication_note(part: dict[str, Any]) -> str:
-    if part["verdict"] != INCONCLUSIVE or min(part["seeds"]) < part["rule"].get("min_seeds", 3):
+    if not _planned(part):
         return ""
     n = part.get("replication_seeds")
     if n is None:
-        return " (the measured effect lies on the wrong side of the rule's boundary: more seeds would not reproduce it)"
+        return f" (the measured effect lies {_WRONG_SIDE[part['rule']['kind']]}: more seeds would not reproduce it)"
     return f" (a replication at this effect and spread: ~{n} seeds per arm)"
 
 
@@ -385,7 +390,7 @@ def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
     rows = []
     for e in doc["claims"]:
         for p in e.get("parts", []):
-            if p["verdict"] != INCONCLUSIVE or min(p["seeds"]) < p["rule"].get("min_seeds", 3):
+            if not _planned(p):
                 continue
             n = p.get("replication_seeds")
             arms = 2 if isinstance(p["b"], str) else 1
