@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,26 @@ def test_pool_errors(tmp_path) -> None:
         filter_pool(full, {p.id: 0.0 for p in full}, 0.2, 0.8)
     with pytest.raises(ValueError, match="pool_min <= pool_max"):
         filter_pool(full, {}, 0.9, 0.1)
+
+
+def test_the_findings_pool_belongs_to_the_suites_model_and_split() -> None:
+    """findings/pools/tiny_pass_rates.json was measured on one tiny model and one arith split; the suite trains on
+    it (findings/suite.yaml). A change to the tiny model's config or to the split would leave a pool measured on
+    another model, or one whose ids no longer match, so the file's model name and ids are checked here."""
+    import yaml
+
+    from analysis.suite import DEFAULT_SUITE
+    from harness.loop.state import tiny_spec
+    from harness.models import tiny_model_dir
+
+    base = yaml.safe_load(DEFAULT_SUITE.read_text())["base"]
+    cfg = validate(compose(*base))
+    rates_file = json.loads(Path(cfg.data.pool_path).read_text())
+    assert rates_file["model"] == tiny_model_dir(*tiny_spec(cfg)).name
+    assert rates_file["samples"] == 8 and rates_file["max_new_tokens"] == cfg.trainer.max_new_tokens
+    full = load_training_set(validate(compose("logger=none")).data)
+    assert set(rates_file["pass_rate"]) == {p.id for p in full}  # every training problem, nothing else
+    train, held_out = load_problems(cfg.data, cfg.benchmark)
+    assert (cfg.data.pool_min, cfg.data.pool_max) == (0.2, 0.8)
+    assert len(train) == 1081  # solved 2-6 times of 8 (CALIBRATION.md section 7)
+    assert not {p.id for p in train} & {p.id for p in held_out}

@@ -45,7 +45,7 @@ from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
 from harness.rollout.base import RolloutEngine
 from harness.tasks import arith_config, load_problems, render_prompts
-from harness.tasks.arith import Problem
+from harness.tasks.arith import ArithConfig, Problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -368,9 +368,16 @@ def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
 
 def model_dir(cfg: RunConfig) -> Path | str:
     """The checkpoint to train: `model.path` as given, or the tiny model built (once, cached) from its config."""
+    if cfg.model.path is not None:
+        return cfg.model.path
+    return build_tiny(*tiny_spec(cfg))
+
+
+def tiny_spec(cfg: RunConfig) -> tuple[TinyModelConfig, ArithConfig, Path]:
+    """What `build_tiny` is given for this run: the tiny model's config, the task it is warm-started on, and the
+    cache folder. `tiny_model_dir(*tiny_spec(cfg)).name` names the model without building it (a pass-rate file
+    records that name)."""
     m = cfg.model
-    if m.path is not None:
-        return m.path
     tiny = TinyModelConfig(
         vocab_size=m.vocab_size,
         hidden_size=m.hidden_size,
@@ -387,4 +394,4 @@ def model_dir(cfg: RunConfig) -> Path | str:
         corpus_size=m.corpus_size,
     )
     cache = Path(m.cache_dir).expanduser() if m.cache_dir else default_cache_dir()
-    return build_tiny(tiny, arith_config(cfg.data), cache)
+    return tiny, arith_config(cfg.data), cache
