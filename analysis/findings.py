@@ -362,8 +362,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
 
 # Where a measured effect sits when more seeds would not reproduce the claim, by rule kind.
 _WRONG_SIDE = {
-    "greater": "inside the margin",
-    "less": "inside the margin",
+    "greater": "at or below the margin",
+    "less": "at or above -margin",
     "noninferior": "below -margin",
     "equivalent": "outside the ±margin band",
 }

@@ -183,7 +183,7 @@ def test_report_says_why_each_inconclusive_comparison_is_inconclusive(tmp_path):
     assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.1 | too few seeds: ~26 per arm | 0.9 |" in md
     inside = report(make_suite(tmp_path / "in", {"a": [0.5, 0.6, 0.7], "b": [0.49, 0.6, 0.7], "c": [0.5, 0.6, 0.7]}))
     assert inside["by_id"][1]["parts"][0]["replication_seeds"] is None
-    assert "effect inside the margin: not a seed-count problem" in (tmp_path / "in" / "FINDINGS.md").read_text()
+    assert "effect at or below the margin: not a seed-count problem" in (tmp_path / "in" / "FINDINGS.md").read_text()
     far = report(make_suite(tmp_path / "far", {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.2, 0.4, 0.6]}))
     assert far["by_id"][2]["verdict"] == INCONCLUSIVE and far["by_id"][2]["parts"][0]["replication_seeds"] is None
     assert "effect outside the ±margin band: not a seed-count problem" in (tmp_path / "far" / "FINDINGS.md").read_text()
