@@ -261,7 +261,7 @@ def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataF
 
 def write_report(
     suite: Any, claims: Sequence[dict[str, Any]], jobs: Sequence[Any], status: dict[Any, str], out: Path,
-    wall_s: float, quick: bool,
+    wall_s: float, quick: bool, command: str = "python -m analysis.suite",
 ) -> int:  # fmt: skip
     """Write findings.json and FINDINGS.md (and figures); returns the number of failed runs."""
     entries, per_run, curves = evaluate_claims(claims, jobs, status)
@@ -274,6 +274,7 @@ def write_report(
     doc = {
         "suite": str(suite.path.name),
         "quick": quick,
+        "command": command,
         "seeds": list(suite.seeds),
         "wall_time_s": wall_s,
         # The pass above may have skipped runs finished earlier; this is what every run on disk cost (summed).
@@ -315,7 +316,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
     lines = [
         "# Findings on 2 CPU cores",
         "",
-        f"Written by `python -m analysis.suite{' --quick' if doc['quick'] else ''}` from `{doc['suite']}` "
+        f"Written by `{doc['command']}` from `{doc['suite']}` "
         f"(seeds {', '.join(map(str, doc['seeds']))}; {doc['runs']} runs: {doc['failed_runs']} failed, "
         f"{doc['runs_not_run']} not run yet; "
         f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "

@@ -118,6 +118,21 @@ def parse_claims(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected claim ids such as 12 or 1,12") from None
 
 
+def report_command(args: argparse.Namespace) -> str:
+    """The command that reruns this report's selection, for its header: a replication's folder holds only some
+    claims on some seeds, and the header has to say which."""
+    words = ["python -m analysis.suite"]
+    if args.suite.resolve() != DEFAULT_SUITE.resolve():
+        words.append(f"--suite {args.suite}")
+    if args.quick:
+        words.append("--quick")
+    if args.claims is not None:
+        words.append(f"--claims {','.join(map(str, args.claims))}")
+    if args.seeds is not None:
+        words.append(f"--seeds {seeds_label(args.seeds)}")
+    return " ".join(words)
+
+
 def seeds_label(seeds: list[int]) -> str:
     contiguous = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
     return f"{seeds[0]}-{seeds[-1]}" if contiguous and len(seeds) > 1 else "_".join(map(str, seeds))
@@ -222,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     every = suite.jobs_for(suite.claims, suite.seeds, out / "runs")
     every += [j for j in jobs if j not in every]
     status = {j: ran.get(j) or disk_status(j) for j in every}
-    failed = write_report(suite, suite.claims, every, status, out, wall_s=wall, quick=args.quick)
+    failed = write_report(
+        suite, suite.claims, every, status, out, wall_s=wall, quick=args.quick, command=report_command(args)
+    )
     return 1 if failed else 0
 
 

@@ -198,6 +198,8 @@ def test_a_replication_runs_new_seeds_in_its_own_folder_and_never_pools_them(tmp
     assert suite_mod.main(["--suite", str(path), "--report-only", "--seeds", "3-4", "--claims", "1"]) == 0
     rep = json.loads((tmp_path / "seeds_3-4" / "findings.json").read_text())
     assert rep["seeds"] == [3, 4] and [c["id"] for c in rep["claims"]] == [1]
+    header = f"Written by `python -m analysis.suite --suite {path} --claims 1 --seeds 3-4` from `suite.yaml`"
+    assert rep["command"] in header and header in (tmp_path / "seeds_3-4" / "FINDINGS.md").read_text()
     assert rep["runs"] == 4 and rep["claims"][0]["parts"][0]["seeds"] == [2, 2]  # seeds 0-2 are not pooled in
     assert (tmp_path / "findings.json").exists() is (before is not None)  # the suite's own report is untouched
     assert suite_mod.parse_seeds("3,5,8") == [3, 5, 8] and suite_mod.seeds_label([3, 5, 8]) == "3_5_8"
