@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from harness import divergence
@@ -84,6 +84,7 @@ def test_closed_forms_cover_every_non_topk_objective():
 
 @settings(max_examples=60, deadline=None)
 @given(tokens)
+@example([(1.0000000000000002e-06, 1e-06, 0.5, 1.0)])  # mu and pi one float apart: found by a CI-style run
 def test_autograd_matches_closed_forms(rows):
     mu, pi, old, a = (torch.tensor(col, dtype=torch.float64).reshape(1, -1) for col in zip(*rows, strict=True))
     for name in SCALAR_OBJECTIVES:
@@ -95,7 +96,16 @@ def test_autograd_matches_closed_forms(rows):
         got = (-logp.grad[0]).tolist()
         want = [closed_form(name, *row) for row in rows]
         for g, w, row in zip(got, want, rows, strict=True):
-            assert math.isclose(g, w, rel_tol=1e-7, abs_tol=1e-9), (name, row, g, w)
+            m, p, _, adv_ = row
+            if name == "penalty_tv" and abs(p - m) <= 1e-12 * max(p, m):
+                # TV's kink at pi = mu: which side a float difference of ~1e-22 lands on after the log/exp round
+                # trip is rounding, so any subgradient in [A w - |A| pi, A w + |A| pi] is right.
+                lo, hi = sorted(
+                    (closed_form(name, m, p * (1 + 1e-9), 0.5, adv_), closed_form(name, m, p * (1 - 1e-9), 0.5, adv_))
+                )
+                assert lo - 1e-7 * abs(lo) - 1e-9 <= g <= hi + 1e-7 * abs(hi) + 1e-9, (name, row, g, lo, hi)
+            else:
+                assert math.isclose(g, w, rel_tol=1e-7, abs_tol=1e-9), (name, row, g, w)
             if row[3] == 0:
                 assert g == 0.0, (name, row)
 
