@@ -261,7 +261,7 @@ def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataF
 
 def write_report(
     suite: Any, claims: Sequence[dict[str, Any]], jobs: Sequence[Any], status: dict[Any, str], out: Path,
-    wall_s: float, quick: bool, command: str = "python -m analysis.suite",
+    wall_s: float, quick: bool, command: str,
 ) -> int:  # fmt: skip
     """Write findings.json and FINDINGS.md (and figures); returns the number of failed runs."""
     entries, per_run, curves = evaluate_claims(claims, jobs, status)
