@@ -1,6 +1,7 @@
 """Calibration v4's rule (CALIBRATION.md section 10) per run and per lr: failed (the suite's `collapsed` metric,
 or held-out below 0.10 at the last evaluation), and for the reference, stable (not failed, and held-out at the
-last evaluation at least step 0's minus 0.03); then section 10b's counts and tests where an lr has more seeds.
+last evaluation at least step 0's minus 0.03); then section 10b's counts and tests where an lr has more seeds, or,
+for a folder without the reference (section 11), each arm's failures against section 10b's reference.
 Usage: PYTHONPATH=. python findings/calib/failed.py [/tmp/calib_v4]"""
 
 import re
@@ -16,6 +17,7 @@ from analysis.verdicts import effect_interval
 
 FAIL_EVAL, STABLE_DROP = 0.10, 0.03
 RULE_SEEDS = {200, 201, 202}  # section 10's rule reads these seeds only
+REF_10B = (1, 13)  # section 10b: the reference failed in 1 of 13 seeds at lr 1e-4, 4 updates
 
 
 def row(d: Path) -> dict:
@@ -36,6 +38,14 @@ for r in runs.itertuples():
 
 print()
 for lr, at_lr in sorted(runs.groupby("lr"), key=lambda kv: float(kv[0])):
+    if "ref" not in set(at_lr.arm):  # section 11: the reference is section 10b's, not rerun
+        print(f"section 11, lr {lr} (each arm against the section-10b reference, failed {REF_10B[0]} of {REF_10B[1]}):")
+        for arm, d in at_lr.groupby("arm"):
+            k, n = int((d.state == "failed").sum()), len(d)
+            ci = stats.binomtest(k, n).proportion_ci(method="exact")
+            p = stats.fisher_exact([[k, n - k], [REF_10B[0], REF_10B[1] - REF_10B[0]]]).pvalue
+            print(f"  {arm}: failed {k} of {n} (95% CI [{ci.low:.2f}, {ci.high:.2f}]); Fisher two-sided p = {p:.3f}")
+        continue
     rule = at_lr[at_lr.seed.isin(RULE_SEEDS)]
     ref, pgis = rule[rule.arm == "ref"].state.tolist(), rule[rule.arm == "pgis"].state.tolist()
     eligible = len(ref) == 3 and all(s == "stable" for s in ref)
