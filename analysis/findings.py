@@ -16,12 +16,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-from analysis.verdicts import INCONCLUSIVE, Rule, combine, compare, replication_seeds
+from analysis.verdicts import INCONCLUSIVE, Rule, combine, compare, iqm_interval, replication_seeds
 from harness.loop.runlog import read_jsonl
 
 QUARTER = 0.25  # "early" / "late": the first / last quarter of the steps
 COLLAPSE_FRACTION = 0.5  # collapsed: late reward below half the run's best 10-step mean reward
+# A run "broke" when it collapsed by training reward or its held-out accuracy ended below this (the warm start scores
+# ~0.25): the calibrations' "failed" (findings/CALIBRATION.md section 8), which also catches a collapse in the last
+# steps that the late-quarter `collapsed` metric misses. Descriptive only: no verdict reads it.
+BROKEN_EVAL = 0.10
 
 
 def _series(m: pd.DataFrame, key: str) -> pd.Series:
@@ -282,6 +287,7 @@ def write_report(
         "runs": len(per_run),
         "failed_runs": int(len(failed)),
         "claims": entries,
+        "arms": arm_summary(per_run),
         "runs_not_run": int((per_run["status"] == "not run").sum()) if len(per_run) else 0,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -289,6 +295,28 @@ def write_report(
     per_run.to_csv(out / "runs.csv", index=False)
     (out / "FINDINGS.md").write_text(markdown(doc, suite, failed), encoding="utf-8")
     return int(len(failed))
+
+
+def arm_summary(per_run: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per arm, over its completed seeds: final held-out IQM with a 95% bootstrap interval, the per-seed values, the
+    median held-out change from step 0, how many runs broke (with an exact binomial interval) and the step-1
+    mismatch. A description beside the verdicts; no rule was written for it."""
+    rows = []
+    for arm in dict.fromkeys(per_run["arm"]) if len(per_run) else []:
+        done = per_run[(per_run["arm"] == arm) & (per_run["status"] == "completed")].sort_values("seed")
+        finals = done["final_eval"].astype(float)
+        value, lo, hi = iqm_interval(finals.tolist())
+        broke = int(((done["collapsed"] == 1) | (finals < BROKEN_EVAL)).sum())
+        n = int(len(done))
+        ci = stats.binomtest(broke, n).proportion_ci(method="exact") if n else None
+        rows.append({
+            "arm": arm, "seeds": n, "final_eval_iqm": value, "final_eval_ci": [lo, hi],
+            "final_eval_per_seed": {int(s): float(v) for s, v in zip(done["seed"], finals, strict=True)},
+            "eval_gain_median": float(done["eval_gain"].median()) if n else math.nan,
+            "broke": broke, "broke_ci": [ci.low, ci.high] if ci else [math.nan, math.nan],
+            "mismatch_abs_mean_step1": _mean(done["mismatch_abs_mean_step1"]),
+        })  # fmt: skip
+    return rows
 
 
 def runs_time_s(jobs: Sequence[Any], status: dict[Any, str]) -> float:
@@ -336,6 +364,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
             f"| {e['id']}. {e['claim']} | {e['paper']} | {e['metric']} | {_fmt(e['effect'])} | "
             f"[{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] | {e['seeds']} | **{e['verdict']}** | {fig} |"
         )
+    lines += _arms_section(doc)
     lines += ["", "## Parts of each claim", ""]
     for e in doc["claims"]:
         if not e["cpu"]:
@@ -359,6 +388,32 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
         lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _arms_section(doc: dict[str, Any]) -> list[str]:
+    if not doc.get("arms"):
+        return []
+    lines = [
+        "",
+        "## The arms (a description beside the verdicts, not a verdict)",
+        "",
+        f"Final held-out accuracy: IQM over seeds with a 95% percentile-bootstrap interval. A run *broke* when the "
+        f"`collapsed` metric is 1 or its held-out accuracy ended below {BROKEN_EVAL:g}; the interval is exact "
+        "(Clopper-Pearson).",
+        "",
+        "| arm | seeds | final held-out, IQM | 95% CI | per seed | held-out change, median | broke | 95% CI "
+        "| step-1 mean \\|π−μ\\| |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a in doc["arms"]:
+        per_seed = " / ".join(f"{v:.3f}" for v in a["final_eval_per_seed"].values()) or "–"
+        lines.append(
+            f"| {a['arm']} | {a['seeds']} | {_fmt(a['final_eval_iqm'])} | [{_fmt(a['final_eval_ci'][0])}, "
+            f"{_fmt(a['final_eval_ci'][1])}] | {per_seed} | {_fmt(a['eval_gain_median'])} | "
+            f"{a['broke']} of {a['seeds']} | [{_fmt(a['broke_ci'][0], 2)}, {_fmt(a['broke_ci'][1], 2)}] | "
+            f"{_fmt(a['mismatch_abs_mean_step1'], 2)} |"
+        )
+    return lines
 
 
 # Where a measured effect sits when more seeds would not reproduce the claim, by rule kind.

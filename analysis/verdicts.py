@@ -66,6 +66,25 @@ def iqm(x: Sequence[float]) -> float:
     return float(stats.trim_mean(np.asarray(x, dtype=float), 0.25))
 
 
+def iqm_interval(x: Sequence[float], resamples: int = 5000, seed: int = 0) -> tuple[float, float, float]:
+    """(IQM(x), 95% lower, 95% upper) by a percentile bootstrap over one arm's seeds; NaN bounds under 2 seeds."""
+    x = np.asarray([v for v in x if np.isfinite(v)], dtype=float)
+    if len(x) < 2:
+        return (iqm(x) if len(x) else math.nan), math.nan, math.nan
+    if np.ptp(x) == 0:
+        return float(x[0]), float(x[0]), float(x[0])
+    res = stats.bootstrap(
+        (x,),
+        lambda v, axis=-1: stats.trim_mean(v, 0.25, axis=axis),
+        n_resamples=resamples,
+        confidence_level=0.95,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
+    return iqm(x), float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
 def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> float:
     """P(X > Y) + P(X = Y) / 2 for X from `a`, Y from `b`: Mann-Whitney's U divided by the number of pairs."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

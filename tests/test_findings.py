@@ -95,8 +95,31 @@ def test_a_failed_run_makes_its_claims_inconclusive_and_the_suite_fail(tmp_path)
     doc = report(make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]}, ("a", 1)))
     assert doc["by_id"][1]["verdict"] == INCONCLUSIVE and doc["by_id"][2]["verdict"] == INCONCLUSIVE
     assert doc["by_id"][1]["arms"]["a"]["failed"] == [{"seed": 1, "error": "RuntimeError: boom"}]
+    assert {a["arm"]: a["seeds"] for a in doc["arms"]} == {"a": 2, "b": 3, "c": 3}  # completed seeds only
     assert doc["exit_code"] == 1 and doc["failed_runs"] == 1 and doc["runs_time_s"] == 8 * 60.0  # completed runs only
     assert "RuntimeError: boom" in (tmp_path / "FINDINGS.md").read_text()
+
+
+def test_the_arms_table_counts_broken_runs_with_exact_intervals(tmp_path):
+    """Arm a ends 0.30 / 0.30 / 0.05: one run broke (held-out below 0.10). Arm c's seed 0 ends at 0.30 but its
+    training reward fell to 0 in the last quarter (`collapsed`): it broke too. Arm b never broke.
+    IQM at 3 seeds is the mean; the bootstrap interval of a's mean is [0.05, 0.30] (all three draws 0.05 have
+    probability 1/27 > 2.5%); Clopper-Pearson for 1 of 3 is [0.0084, 0.9057], for 0 of 3 [0, 0.7076]."""
+    path = make_suite(tmp_path, {"a": [0.30, 0.30, 0.05], "b": [0.2, 0.2, 0.2], "c": [0.3, 0.31, 0.29]})
+    write_run(tmp_path / "runs" / "c" / "seed0", [0.5] * 6 + [0.0] * 2, 0.30)
+    doc = report(path)
+    arms = {a["arm"]: a for a in doc["arms"]}
+    a, b, c = arms["a"], arms["b"], arms["c"]
+    assert a["seeds"] == 3 and a["final_eval_iqm"] == pytest.approx(0.65 / 3)
+    assert a["final_eval_ci"] == pytest.approx([0.05, 0.30])
+    assert a["final_eval_per_seed"] == {"0": 0.3, "1": 0.3, "2": 0.05}
+    assert a["eval_gain_median"] == pytest.approx(0.1)  # step 0 scored 0.2: gains 0.1, 0.1, -0.15
+    assert a["broke"] == 1 and a["broke_ci"] == pytest.approx([0.0084, 0.9057], abs=1e-4)
+    assert b["broke"] == 0 and b["broke_ci"] == pytest.approx([0.0, 0.7076], abs=1e-4)
+    assert b["final_eval_ci"] == pytest.approx([0.2, 0.2])  # no spread: nothing to resample
+    assert c["broke"] == 1 and a["mismatch_abs_mean_step1"] == pytest.approx(0.01)
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert "| a | 3 | 0.217 | [0.05, 0.3] | 0.300 / 0.300 / 0.050 | 0.1 | 1 of 3 | [0.0084, 0.91] | 0.01 |" in md
 
 
 def test_statistics_match_hand_values():

@@ -11,11 +11,11 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from analysis.findings import METRICS, load_run
+from analysis.findings import BROKEN_EVAL, METRICS, load_run
 from analysis.suite import run_status
 from analysis.verdicts import effect_interval
 
-FAIL_EVAL, STABLE_DROP = 0.10, 0.03
+STABLE_DROP = 0.03
 RULE_SEEDS = {200, 201, 202}  # section 10's rule reads these seeds only
 REF_10B = (1, 13)  # section 10b: the reference failed in 1 of 13 seeds at lr 1e-4, 4 updates
 
@@ -24,7 +24,7 @@ def row(d: Path) -> dict:
     arm, lr, seed = re.match(r"(\w+?)_lr([\d.e-]+)_s(\d+)", d.name).groups()
     m, e = load_run(d)
     final, gain = METRICS["final_eval"][0](m, e), METRICS["eval_gain"][0](m, e)
-    failed = METRICS["collapsed"][0](m, e) == 1.0 or final < FAIL_EVAL
+    failed = METRICS["collapsed"][0](m, e) == 1.0 or final < BROKEN_EVAL
     state = "failed" if failed else "stable" if gain >= -STABLE_DROP else "declined"
     return {"run": d.name, "arm": arm, "lr": lr, "seed": int(seed), "final": final, "gain": gain, "state": state}
 
