@@ -326,6 +326,41 @@ def fig_final_scores(
     return fig
 
 
+def fig_arm_intervals(rows: Sequence[dict], *, broken_below: float, title: str = "") -> Figure:
+    """One line per arm of a findings suite (analysis.findings.arm_summary rows): final held-out IQM (dot), its 95%
+    bootstrap interval (line) and every seed (a red x where the run broke: collapsed, or held-out below
+    `broken_below`), with "broke k/n" at the right: the collapse rate beside the score, which a bar of means
+    hides."""
+    rows = [r for r in rows if r["seeds"]]
+    if not rows:
+        raise SkipFigure("no completed runs")
+    fig = _figure(1, 1, width=7.5)
+    fig.set_figheight(0.32 * len(rows) + 1.6)
+    ax = fig.axes[0]
+    for i, r in enumerate(rows):
+        y = len(rows) - 1 - i
+        lo, hi = r["final_eval_ci"]
+        if np.isfinite(lo) and np.isfinite(hi):
+            ax.hlines(y, lo, hi, color="black", linewidth=1.5)
+        ax.plot(r["final_eval_iqm"], y, "o", color="tab:blue", zorder=3)
+        seeds = np.asarray(list(r["final_eval_per_seed"].values()), dtype=float)
+        low = np.isin(np.asarray(list(r["final_eval_per_seed"]), dtype=int), r["broke_seeds"])
+        ax.scatter(seeds[~low], np.full((~low).sum(), y + 0.18), s=10, color="gray", zorder=2)
+        ax.scatter(seeds[low], np.full(low.sum(), y + 0.18), s=22, marker="x", color="tab:red", zorder=2)
+        ax.annotate(f"broke {r['broke']}/{r['seeds']}", (1.01, y), xycoords=("axes fraction", "data"), fontsize=7,
+                    va="center", color="tab:red" if r["broke"] else "black")  # fmt: skip
+    ax.set_yticks(range(len(rows)), [r["arm"] for r in reversed(rows)], fontsize=7)
+    ax.set_xlabel("final held-out accuracy")
+    ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(
+        _title(title, "final held-out accuracy per arm")
+        + "\ndot: IQM over seeds, line: its 95% bootstrap CI, marks: seeds"
+        + f"\nred x: a run that broke (training reward collapsed, or held-out below {broken_below:g})",
+        fontsize=9,
+    )
+    return fig
+
+
 def fig_delta_sweep(
     evals: pd.DataFrame,
     *,

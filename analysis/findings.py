@@ -276,6 +276,7 @@ def write_report(
         entry["figure"] = figs[0] if figs else None
         entry["figures"] = figs
     failed = per_run[~per_run["status"].isin(["completed", "not run"])] if len(per_run) else per_run
+    arms = arm_summary(per_run)
     doc = {
         "suite": str(suite.path.name),
         "quick": quick,
@@ -287,7 +288,8 @@ def write_report(
         "runs": len(per_run),
         "failed_runs": int(len(failed)),
         "claims": entries,
-        "arms": arm_summary(per_run),
+        "arms": arms,
+        "arms_figure": arms_figure(arms, out),
         "runs_not_run": int((per_run["status"] == "not run").sum()) if len(per_run) else 0,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -306,17 +308,30 @@ def arm_summary(per_run: pd.DataFrame) -> list[dict[str, Any]]:
         done = per_run[(per_run["arm"] == arm) & (per_run["status"] == "completed")].sort_values("seed")
         finals = done["final_eval"].astype(float)
         value, lo, hi = iqm_interval(finals.tolist())
-        broke = int(((done["collapsed"] == 1) | (finals < BROKEN_EVAL)).sum())
+        broken = (done["collapsed"] == 1) | (finals < BROKEN_EVAL)
+        broke = int(broken.sum())
         n = int(len(done))
         ci = stats.binomtest(broke, n).proportion_ci(method="exact") if n else None
         rows.append({
             "arm": arm, "seeds": n, "final_eval_iqm": value, "final_eval_ci": [lo, hi],
             "final_eval_per_seed": {int(s): float(v) for s, v in zip(done["seed"], finals, strict=True)},
             "eval_gain_median": float(done["eval_gain"].median()) if n else math.nan,
-            "broke": broke, "broke_ci": [ci.low, ci.high] if ci else [math.nan, math.nan],
+            "broke": broke, "broke_seeds": [int(x) for x in done.loc[broken, "seed"]],
+            "broke_ci": [ci.low, ci.high] if ci else [math.nan, math.nan],
             "mismatch_abs_mean_step1": _mean(done["mismatch_abs_mean_step1"]),
         })  # fmt: skip
     return rows
+
+
+def arms_figure(arms: list[dict[str, Any]], out_dir: Path) -> str | None:
+    """figures/arms.png: every arm's final held-out interval and its broken runs (None when no run completed)."""
+    from analysis import figures
+
+    try:
+        fig = figures.fig_arm_intervals(arms, broken_below=BROKEN_EVAL)
+    except figures.SkipFigure:
+        return None
+    return str(figures.save_figure(fig, out_dir / "figures", "arms")[0].relative_to(out_dir))
 
 
 def runs_time_s(jobs: Sequence[Any], status: dict[Any, str]) -> float:
@@ -405,6 +420,7 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
         "| step-1 mean \\|π−μ\\| |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    tail = ["", f"Figure: [{doc['arms_figure']}]({doc['arms_figure']})"] if doc.get("arms_figure") else []
     for a in doc["arms"]:
         per_seed = " / ".join(f"{v:.3f}" for v in a["final_eval_per_seed"].values()) or "–"
         lines.append(
@@ -413,7 +429,7 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
             f"{a['broke']} of {a['seeds']} | [{_fmt(a['broke_ci'][0], 2)}, {_fmt(a['broke_ci'][1], 2)}] | "
             f"{_fmt(a['mismatch_abs_mean_step1'], 2)} |"
         )
-    return lines
+    return lines + tail
 
 
 # Where a measured effect sits when more seeds would not reproduce the claim, by rule kind.

@@ -117,9 +117,12 @@ def test_the_arms_table_counts_broken_runs_with_exact_intervals(tmp_path):
     assert a["broke"] == 1 and a["broke_ci"] == pytest.approx([0.0084, 0.9057], abs=1e-4)
     assert b["broke"] == 0 and b["broke_ci"] == pytest.approx([0.0, 0.7076], abs=1e-4)
     assert b["final_eval_ci"] == pytest.approx([0.2, 0.2])  # no spread: nothing to resample
-    assert c["broke"] == 1 and a["mismatch_abs_mean_step1"] == pytest.approx(0.01)
+    assert c["broke"] == 1 and c["broke_seeds"] == [0] and a["broke_seeds"] == [2]
+    assert a["mismatch_abs_mean_step1"] == pytest.approx(0.01)
     md = (tmp_path / "FINDINGS.md").read_text()
     assert "| a | 3 | 0.217 | [0.05, 0.3] | 0.300 / 0.300 / 0.050 | 0.1 | 1 of 3 | [0.0084, 0.91] | 0.01 |" in md
+    assert doc["arms_figure"] == "figures/arms.png" and "Figure: [figures/arms.png](figures/arms.png)" in md
+    assert (tmp_path / "figures" / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_statistics_match_hand_values():
