@@ -84,7 +84,7 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 findings: $(STAMP)  ## every claim of the CPU findings suite (38-53 min on 2 quiet cores; resumable)
 	$(PY) -m analysis.suite
 
-findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, ~19 min); the same two files
+findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9-13 min); the same two files
 	$(PY) -m analysis.suite --quick
 
 # TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`.
