@@ -344,9 +344,9 @@ def fig_arm_intervals(rows: Sequence[dict], *, broken_below: float, title: str =
             ax.hlines(y, lo, hi, color="black", linewidth=1.5)
         ax.plot(r["final_eval_iqm"], y, "o", color="tab:blue", zorder=3)
         seeds = np.asarray(list(r["final_eval_per_seed"].values()), dtype=float)
-        low = np.isin(np.asarray(list(r["final_eval_per_seed"]), dtype=int), r["broke_seeds"])
-        ax.scatter(seeds[~low], np.full((~low).sum(), y + 0.18), s=10, color="gray", zorder=2)
-        ax.scatter(seeds[low], np.full(low.sum(), y + 0.18), s=22, marker="x", color="tab:red", zorder=2)
+        broke = np.isin(np.asarray(list(r["final_eval_per_seed"]), dtype=int), r["broke_seeds"])
+        ax.scatter(seeds[~broke], np.full((~broke).sum(), y + 0.18), s=10, color="gray", zorder=2)
+        ax.scatter(seeds[broke], np.full(broke.sum(), y + 0.18), s=22, marker="x", color="tab:red", zorder=2)
         ax.annotate(f"broke {r['broke']}/{r['seeds']}", (1.01, y), xycoords=("axes fraction", "data"), fontsize=7,
                     va="center", color="tab:red" if r["broke"] else "black")  # fmt: skip
     ax.set_yticks(range(len(rows)), [r["arm"] for r in reversed(rows)], fontsize=7)

@@ -420,7 +420,6 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
         "| step-1 mean \\|π−μ\\| |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    tail = ["", f"Figure: [{doc['arms_figure']}]({doc['arms_figure']})"] if doc.get("arms_figure") else []
     for a in doc["arms"]:
         per_seed = " / ".join(f"{v:.3f}" for v in a["final_eval_per_seed"].values()) or "–"
         lines.append(
@@ -429,7 +428,9 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
             f"{a['broke']} of {a['seeds']} | [{_fmt(a['broke_ci'][0], 2)}, {_fmt(a['broke_ci'][1], 2)}] | "
             f"{_fmt(a['mismatch_abs_mean_step1'], 2)} |"
         )
-    return lines + tail
+    if doc.get("arms_figure"):
+        lines += ["", f"Figure: [{doc['arms_figure']}]({doc['arms_figure']})"]
+    return lines
 
 
 # Where a measured effect sits when more seeds would not reproduce the claim, by rule kind.

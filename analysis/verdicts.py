@@ -25,7 +25,7 @@ estimate, not a verdict: a replication is a new experiment on new seeds, decided
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,18 +71,7 @@ def iqm_interval(x: Sequence[float], resamples: int = 5000, seed: int = 0) -> tu
     x = np.asarray([v for v in x if np.isfinite(v)], dtype=float)
     if len(x) < 2:
         return (iqm(x) if len(x) else math.nan), math.nan, math.nan
-    if np.ptp(x) == 0:
-        return float(x[0]), float(x[0]), float(x[0])
-    res = stats.bootstrap(
-        (x,),
-        lambda v, axis=-1: stats.trim_mean(v, 0.25, axis=axis),
-        n_resamples=resamples,
-        confidence_level=0.95,
-        method="percentile",
-        vectorized=True,
-        rng=np.random.default_rng(seed),
-    )
-    return iqm(x), float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return (iqm(x), *_percentile_bootstrap((x,), lambda v, axis=-1: _trimmed(v, axis), resamples, seed))
 
 
 def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> float:
@@ -97,19 +86,29 @@ def effect_interval(
 ) -> tuple[float, float, float]:
     """(IQM(a) - IQM(b), 95% lower, 95% upper) by a stratified percentile bootstrap over each arm's seeds."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    effect = iqm(a) - iqm(b)
-    if np.ptp(np.concatenate([a, b])) == 0:  # every seed equal: the bootstrap has nothing to resample
-        return effect, effect, effect
+
+    def diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return _trimmed(x, axis) - _trimmed(y, axis)
+
+    return (iqm(a) - iqm(b), *_percentile_bootstrap((a, b), diff, resamples, seed))
+
+
+def _trimmed(x: np.ndarray, axis: int) -> np.ndarray:
+    return stats.trim_mean(x, 0.25, axis=axis)
+
+
+def _percentile_bootstrap(
+    samples: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], resamples: int, seed: int
+) -> tuple[float, float]:
+    """95% percentile-bootstrap bounds of `statistic`, each sample resampled on its own (stratified)."""
+    if np.ptp(np.concatenate(samples)) == 0:  # every seed equal: the bootstrap has nothing to resample
+        value = float(statistic(*samples))
+        return value, value
     res = stats.bootstrap(
-        (a, b),
-        lambda x, y, axis=-1: stats.trim_mean(x, 0.25, axis=axis) - stats.trim_mean(y, 0.25, axis=axis),
-        n_resamples=resamples,
-        confidence_level=0.95,
-        method="percentile",
-        vectorized=True,
+        samples, statistic, n_resamples=resamples, confidence_level=0.95, method="percentile", vectorized=True,
         rng=np.random.default_rng(seed),
-    )
-    return effect, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    )  # fmt: skip
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def compare(a: Sequence[float] | None, b: Sequence[float] | None, rule: Rule) -> Comparison:
