@@ -45,12 +45,13 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, small_mo
 
 
 DRIVER = """
-import json, os, subprocess, sys, time
+import json, os, subprocess, sys, tempfile, time
 from pathlib import Path
 mount, cmd, resume_cmd = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mount], check=True)
 run_dir = Path(mount) / "run"
-proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+err_file = tempfile.TemporaryFile("w+")  # off the full disk, and never a pipe left unread while the filler runs
+proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
 deadline = time.monotonic() + 400
 def steps():
     try:
@@ -59,15 +60,28 @@ def steps():
         return []
 while len(steps()) < 3 and proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.02)
-fd = os.open(Path(mount) / "filler", os.O_WRONLY | os.O_CREAT)  # every free byte, as another job's output would
-for size in (1 << 16, 4096, 1):
-    try:
-        while True:
-            os.write(fd, bytes(size))
-    except OSError:
-        pass
+# Every free byte, as another job's output would, and kept so until the run ends: a failed checkpoint deletes its
+# partial files, and a filler that wrote only once let the run take that space back and finish as if never full.
+def fill(fd):
+    took = False
+    for size in (1 << 16, 4096, 1):
+        try:
+            while True:
+                os.write(fd, bytes(size))
+                took = True
+        except OSError:
+            pass
+    return took
+fd = os.open(Path(mount) / "filler", os.O_WRONLY | os.O_CREAT)
+fill(fd)
+deadline = time.monotonic() + 400
+while proc.poll() is None and time.monotonic() < deadline:
+    if not fill(fd):
+        time.sleep(0.005)
 os.close(fd)
-_, err = proc.communicate(timeout=400)
+proc.wait(timeout=10)
+err_file.seek(0)
+err = err_file.read()
 after_failure = {"rc": proc.returncode, "stderr": err, "steps": steps(),
                  "checkpoints": sorted(p.name for p in (run_dir / "checkpoints").iterdir())}
 os.remove(Path(mount) / "filler")
