@@ -156,7 +156,8 @@ class DataConfig:
         },
     )
     kinds: tuple[str, ...] = field(
-        default=("add", "mul", "add_mul"), metadata={"help": "arith problem kinds (equal shares)"}
+        default=("add", "mul", "add_mul"),
+        metadata={"help": "arith problem kinds (equal shares): add, mul, add_mul, chain"},
     )
     add_max: int = field(default=99, metadata={"ge": 10, "help": "arith: largest 2-digit addend"})
     mul_max: int = field(default=99, metadata={"ge": 2, "help": "arith: largest factor (products <= 999)"})

@@ -99,3 +99,17 @@ def test_bad_config_names_the_field(kwargs, message):
 def test_demonstration_rejects_foreign_ids():
     with pytest.raises(ValueError, match="not an arith id"):
         demonstration(Problem(id="aime:1", question="?", answer="1", kind="add"))
+
+
+def test_chain_is_opt_in_and_shows_every_running_sum():
+    assert "chain" not in ArithConfig().kinds  # the default mix, and so the default tiny model, are unchanged
+    train, held_out = make_splits(ArithConfig(kinds=("chain",), n_eval=600))
+    assert len(train) + len(held_out) == 10**4 and len(held_out) == 600
+    assert all(str(_value(p.question)) == p.answer for p in train[::97] + held_out)
+    # 3+4=7, 7+5=12, 12+8=20: three running sums, then the box.
+    p = Problem(id="chain:3+4+5+8", question="3+4+5+8", answer="20", kind="chain")
+    assert demonstration(p) == "3+4=7 7+5=12 12+8=20 \\boxed{20}"
+    sample = held_out[:100]
+    assert all(grade([demonstration(q) for q in sample], [q.answer for q in sample]).correct)
+    with pytest.raises(ValueError, match="not a chain id"):
+        demonstration(Problem(id="chain:3+4+5", question="3+4+5", answer="12", kind="chain"))

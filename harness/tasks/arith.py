@@ -5,6 +5,9 @@ Three kinds of problem, each a small fact table so a 2.6M-param model can learn 
 - ``add``: ``a+b`` with one operand in 0..``add_max`` and the other in 0..9, either order (1,900 problems).
 - ``mul``: ``a*b`` with a, b in 0..``mul_max`` and product <= 999 (3,390 problems).
 - ``add_mul``: ``a+b*c`` with 1-digit operands (1,000 problems); its demonstration is a scratchpad.
+- ``chain`` (opt-in, not in the default mix): ``a+b+c+d`` with 1-digit operands (10,000 problems); its
+  demonstration shows every running sum, ``a+b=X X+c=Y Y+d=Z \\boxed{Z}``, about three times the tokens of the
+  others: the longer responses of findings/CALIBRATION.md section 12.
 
 The question is the bare expression (``3+4*5``); the chat template frames it. The split is by problem: every
 problem is enumerated once, shuffled per kind with a seeded RNG, and the first
@@ -13,23 +16,27 @@ problem is enumerated once, shuffled per kind with a seeded RNG, and the first
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-KINDS = ("add", "mul", "add_mul")
+KINDS = ("add", "mul", "add_mul", "chain")
+DEFAULT_KINDS = ("add", "mul", "add_mul")
 MAX_ANSWER = 999
+CHAIN_TERMS = 4
 
 _ID_RE = re.compile(r"^(add|mul|add_mul):(\d+)([+*])(\d+)(?:\*(\d+))?$")
+_CHAIN_ID_RE = re.compile(rf"^chain:(\d(?:\+\d){{{CHAIN_TERMS - 1}}})$")
 
 
 @dataclass(frozen=True)
 class ArithConfig:
     """Which problems exist and how many are held out. The fields are the task's difficulty knobs."""
 
-    kinds: tuple[str, ...] = KINDS
-    """Problem kinds to include, any non-empty subset of ("add", "mul", "add_mul")."""
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    """Problem kinds to include, any non-empty subset of ("add", "mul", "add_mul", "chain")."""
     add_max: int = 99
     """``add``: the larger operand ranges over 0..add_max, the other over 0..9 (9..990 keeps answers <= 999)."""
     mul_max: int = 99
@@ -96,7 +103,10 @@ def make_splits(cfg: ArithConfig) -> tuple[list[Problem], list[Problem]]:
 
 
 def demonstration(p: Problem) -> str:
-    """The supervised completion: ``\\boxed{N}`` for add/mul, a scratchpad ``b*c=X a+X=Y \\boxed{Y}`` for add_mul."""
+    """The supervised completion: ``\\boxed{N}`` for add/mul, a scratchpad ``b*c=X a+X=Y \\boxed{Y}`` for add_mul,
+    the running sums ``a+b=X X+c=Y Y+d=Z \\boxed{Z}`` for chain."""
+    if p.kind == "chain":
+        return _chain_demonstration(p)
     match = _ID_RE.match(p.id)
     if match is None or match.group(1) != p.kind:
         raise ValueError(f"Problem.id {p.id!r} is not an arith id of kind {p.kind!r}")
@@ -104,6 +114,18 @@ def demonstration(p: Problem) -> str:
         return f"\\boxed{{{p.answer}}}"
     a, b, c = int(match.group(2)), int(match.group(4)), int(match.group(5))
     return f"{b}*{c}={b * c} {a}+{b * c}={a + b * c} \\boxed{{{a + b * c}}}"
+
+
+def _chain_demonstration(p: Problem) -> str:
+    match = _CHAIN_ID_RE.match(p.id)
+    if match is None:
+        raise ValueError(f"Problem.id {p.id!r} is not a chain id of {CHAIN_TERMS} one-digit terms")
+    terms = [int(t) for t in match.group(1).split("+")]
+    steps, total = [], terms[0]
+    for t in terms[1:]:
+        steps.append(f"{total}+{t}={total + t}")
+        total += t
+    return " ".join(steps) + f" \\boxed{{{total}}}"
 
 
 def balanced_sample(problems: Sequence[Problem], n: int, rng: random.Random) -> list[Problem]:
@@ -131,6 +153,8 @@ def _enumerate(kind: str, cfg: ArithConfig) -> list[Problem]:
             for b in range(cfg.mul_max + 1)
             if a * b <= MAX_ANSWER
         ]
+    if kind == "chain":
+        return [_problem(kind, "+".join(map(str, t)), sum(t)) for t in itertools.product(range(10), repeat=CHAIN_TERMS)]
     return [_problem(kind, f"{a}+{b}*{c}", a + b * c) for a in range(10) for b in range(10) for c in range(10)]
 
 
