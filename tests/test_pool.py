@@ -60,3 +60,23 @@ def test_the_findings_pool_belongs_to_the_suites_model_and_split() -> None:
     assert (cfg.data.pool_min, cfg.data.pool_max) == (0.2, 0.8)
     assert len(train) == 1081  # solved 2-6 times of 8 (CALIBRATION.md section 7)
     assert not {p.id for p in train} & {p.id for p in held_out}
+
+
+def test_the_chain_pool_belongs_to_the_chain_tasks_model_and_split() -> None:
+    """findings/pools/tiny_chain_pass_rates.json (CALIBRATION.md section 12) was measured on the chain task's tiny
+    model (SFT 120 steps); `findings/calib/run_v6.sh` trains on it with these overrides. A change to that build or
+    split would leave the file naming another model or other ids."""
+    from harness.loop.state import tiny_spec
+    from harness.models import tiny_model_dir
+
+    chain = ("data.kinds=[chain]", "model.sft_steps=120", "trainer.max_new_tokens=32")
+    pool = ("data.pool_path=findings/pools/tiny_chain_pass_rates.json", "data.pool_min=0.2", "data.pool_max=0.8")
+    cfg = validate(compose("logger=none", *chain, *pool))
+    rates_file = json.loads(Path(cfg.data.pool_path).read_text())
+    assert rates_file["model"] == tiny_model_dir(*tiny_spec(cfg)).name
+    assert rates_file["samples"] == 8 and rates_file["max_new_tokens"] == cfg.trainer.max_new_tokens
+    full = load_training_set(validate(compose("logger=none", *chain)).data)
+    assert set(rates_file["pass_rate"]) == {p.id for p in full} and len(full) == 9400
+    train, held_out = load_problems(cfg.data, cfg.benchmark)
+    assert len(train) == 5491  # solved 2-6 times of 8 (CALIBRATION.md section 12)
+    assert {p.kind for p in held_out} == {"chain"} and not {p.id for p in train} & {p.id for p in held_out}
