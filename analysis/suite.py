@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
+from harness.loop.lock import holder
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
@@ -155,9 +156,11 @@ def run_status(run_dir: Path) -> str | None:
 
 def disk_status(job: Job) -> str:
     """What a run left on disk: its summary's status; "failed" when only the suite's log of it exists (refused
-    before its directory was made, e.g. a bad override); "not run" when neither does."""
+    before its directory was made, e.g. a bad override); "not run" when neither does, or when the run is still
+    being written by a live process (`--report-only` beside a running suite): unfinished is not failed. A
+    "running" summary nobody holds the lock of is a run that died, and counts as failed."""
     if status := run_status(job.run_dir):
-        return status
+        return "not run" if status == "running" and holder(job.run_dir) is not None else status
     return "failed" if (job.run_dir.parent / f"seed{job.seed}.log").exists() else "not run"
 
 

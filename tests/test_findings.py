@@ -259,3 +259,22 @@ def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, c
         failed = doc["claims"][0]["arms"]["bad"]["failed"]
         assert failed[0]["seed"] == 0 and "objective=nope is not an option" in failed[0]["error"]
         assert "objective=nope is not an option" in (tmp_path / "FINDINGS.md").read_text()
+
+
+def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(tmp_path):
+    """`--report-only` while the suite still runs: a run whose summary says "running" and whose lock a live process
+    holds is unfinished, not failed; once nobody holds the lock, the same summary is a run that died."""
+    from harness.loop.lock import RunDirLock
+
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    run_dir = tmp_path / "runs" / "a" / "seed1"
+    write_run(run_dir, [0.5] * 4, 0.5, status="running")
+    lock = RunDirLock(run_dir)
+    lock.acquire()
+    try:
+        live = report(path)
+    finally:
+        lock.release()
+    assert live["failed_runs"] == 0 and live["runs_not_run"] == 1 and live["exit_code"] == 0
+    dead = report(path)
+    assert dead["failed_runs"] == 1 and dead["runs_not_run"] == 0 and dead["exit_code"] == 1
