@@ -1,13 +1,14 @@
 """Synthetic arithmetic with integer answers 0..999 (the "task v2" of reference/tiny-learnability.md).
 
-Three kinds of problem, each a small fact table so a 2.6M-param model can learn it:
+Four kinds of problem, each a small fact table so a 2.6M-param model can learn it (the first three are the
+default mix):
 
 - ``add``: ``a+b`` with one operand in 0..``add_max`` and the other in 0..9, either order (1,900 problems).
 - ``mul``: ``a*b`` with a, b in 0..``mul_max`` and product <= 999 (3,390 problems).
 - ``add_mul``: ``a+b*c`` with 1-digit operands (1,000 problems); its demonstration is a scratchpad.
 - ``chain`` (opt-in, not in the default mix): ``a+b+c+d`` with 1-digit operands (10,000 problems); its
-  demonstration shows every running sum, ``a+b=X X+c=Y Y+d=Z \\boxed{Z}``, about three times the tokens of the
-  others: the longer responses of findings/CALIBRATION.md section 12.
+  demonstration shows every running sum, ``a+b=X X+c=Y Y+d=Z \\boxed{Z}``: 21 tokens with the end token,
+  against 9-11 for the default mix; the longer responses of findings/CALIBRATION.md section 12.
 
 The question is the bare expression (``3+4*5``); the chat template frames it. The split is by problem: every
 problem is enumerated once, shuffled per kind with a seeded RNG, and the first
@@ -121,11 +122,9 @@ def _chain_demonstration(p: Problem) -> str:
     if match is None:
         raise ValueError(f"Problem.id {p.id!r} is not a chain id of {CHAIN_TERMS} one-digit terms")
     terms = [int(t) for t in match.group(1).split("+")]
-    steps, total = [], terms[0]
-    for t in terms[1:]:
-        steps.append(f"{total}+{t}={total + t}")
-        total += t
-    return " ".join(steps) + f" \\boxed{{{total}}}"
+    sums = list(itertools.accumulate(terms))
+    steps = [f"{before}+{t}={after}" for before, t, after in zip(sums[:-1], terms[1:], sums[1:], strict=True)]
+    return " ".join(steps) + f" \\boxed{{{sums[-1]}}}"
 
 
 def balanced_sample(problems: Sequence[Problem], n: int, rng: random.Random) -> list[Problem]:
