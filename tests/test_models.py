@@ -1,3 +1,4 @@
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -8,6 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from harness.models import (
+    BUILD_VERSION,
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
     TinyModelConfig,
     build_tiny,
     default_cache_dir,
@@ -15,7 +19,7 @@ from harness.models import (
     tiny_model_dir,
 )
 from harness.rewards import grade
-from harness.tasks.arith import ArithConfig, make_splits
+from harness.tasks.arith import ArithConfig, demonstration, make_splits
 from harness.tasks.templates import QWEN_MATH_SUFFIX, render
 
 SMALL = TinyModelConfig(
@@ -66,6 +70,29 @@ def test_build_is_deterministic(built: Path, tmp_path: Path):
     reseeded = build_tiny(TinyModelConfig(**{**SMALL.__dict__, "seed": 1}), TASK, tmp_path, progress=False)
     c = load_file(reseeded / "model.safetensors")
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+# The digest of everything the tiny model is built from besides its configs, for each BUILD_VERSION. The cache key
+# (tiny_model_dir) holds the configs only, so a change to a question, a demonstration or the chat template would
+# otherwise reuse a stale cached model, and the sanity pools' pass rates would belong to a model no one builds.
+BUILD_INPUTS = {2: {"default": "cbef60560682c952", "chain": "9e59ef2df7e6cf5c"}}
+
+
+def _build_inputs_digest(task: ArithConfig) -> str:
+    train, held_out = make_splits(task)
+    lines = [CHAT_TEMPLATE, *SPECIAL_TOKENS, *(f"{p.id}\t{p.question}\t{demonstration(p)}" for p in train + held_out)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def test_the_build_inputs_match_the_build_version():
+    measured = {
+        "default": _build_inputs_digest(ArithConfig()),
+        "chain": _build_inputs_digest(ArithConfig(kinds=("chain",))),
+    }
+    assert measured == BUILD_INPUTS.get(BUILD_VERSION), (
+        "the tiny model's training text changed: bump BUILD_VERSION in harness/models.py (cached models are then "
+        "rebuilt), remeasure findings/pools/*.json, and record the new digests here"
+    )
 
 
 def test_chat_template_and_special_tokens(built: Path):
