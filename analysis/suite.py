@@ -16,6 +16,7 @@ FINDINGS.md with its error, the comparisons that needed it become inconclusive, 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -157,11 +158,37 @@ def run_status(run_dir: Path) -> str | None:
 def disk_status(job: Job) -> str:
     """What a run left on disk: its summary's status; "failed" when only the suite's log of it exists (refused
     before its directory was made, e.g. a bad override); "not run" when neither does, or when the run is still
-    being written by a live process (`--report-only` beside a running suite): unfinished is not failed. A
-    "running" summary nobody holds the lock of is a run that died, and counts as failed."""
+    going (`--report-only` beside a running suite): unfinished is not failed. A run is still going while a live
+    suite holds its log (from before run.py starts, so its first seconds too) or a live run.py holds its lock; a
+    "running" summary that neither holds is a run that died, and counts as failed."""
+    log = _log(job)
+    if _held(log):
+        return "not run"
     if status := run_status(job.run_dir):
         return "not run" if status == "running" and holder(job.run_dir) is not None else status
-    return "failed" if (job.run_dir.parent / f"seed{job.seed}.log").exists() else "not run"
+    return "failed" if log.exists() else "not run"
+
+
+def _log(job: Job) -> Path:
+    return job.run_dir.parent / f"seed{job.seed}.log"
+
+
+def _held(path: Path) -> bool:
+    """Whether a live process holds an exclusive flock on `path`; the kernel drops it when that process dies, so
+    a crashed suite leaves nothing to clean up."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def run_one(job: Job) -> tuple[Job, str, float]:
@@ -175,7 +202,13 @@ def run_one(job: Job) -> tuple[Job, str, float]:
         f"hydra.run.dir={job.run_dir}", "name=findings",
     ]  # fmt: skip
     t0 = time.time()
-    with open(job.run_dir.parent / f"seed{job.seed}.log", "w", encoding="utf-8") as out:
+    log = _log(job)
+    fresh = log.with_name(log.name + ".new")
+    with open(fresh, "w", encoding="utf-8") as out:
+        # Locked before it takes the log's name, and held until the run ends: `--report-only` never sees this
+        # run's log unlocked while the run goes.
+        fcntl.flock(out, fcntl.LOCK_EX)
+        fresh.replace(log)
         subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     return job, run_status(job.run_dir) or "failed", time.time() - t0
 

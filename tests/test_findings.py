@@ -278,3 +278,27 @@ def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(t
     assert live["failed_runs"] == 0 and live["runs_not_run"] == 1 and live["exit_code"] == 0
     dead = report(path)
     assert dead["failed_runs"] == 1 and dead["runs_not_run"] == 0 and dead["exit_code"] == 1
+
+
+def test_report_only_counts_a_run_in_its_first_seconds_not_run(tmp_path):
+    """Before run.py takes its run directory's lock (imports, config checks) only the suite's log of the run
+    exists; the suite holds that log while the run goes, so a report beside it reads the run as unfinished. Here
+    the run is refused (an unknown objective) and, once it has ended, counts as failed."""
+    import threading
+
+    make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    run_dir = tmp_path / "runs" / "a" / "seed1"
+    job = suite_mod.Job("a", 1, ("rollout=hf", "objective=no_such_objective"), run_dir)
+    thread = threading.Thread(target=suite_mod.run_one, args=(job,))
+    thread.start()
+    seen = []
+    while thread.is_alive():
+        if (run_dir.parent / "seed1.log").exists():
+            seen.append(suite_mod.disk_status(job))
+    thread.join()
+    log = (run_dir.parent / "seed1.log").read_text()
+    assert "no_such_objective" in log and not (run_dir / "summary.json").exists()
+    # Unfinished from the moment the log appears; failed only once the run has ended and let go of it.
+    going = seen.index("failed") if "failed" in seen else len(seen)
+    assert going > 10 and set(seen[:going]) == {"not run"} and set(seen[going:]) <= {"failed"}
+    assert suite_mod.disk_status(job) == "failed"
