@@ -16,7 +16,7 @@ FINDINGS.md with its error, the comparisons that needed it become inconclusive, 
 from __future__ import annotations
 
 import argparse
-import fcntl
+import fcntl  # run_one's lock on a run's log; harness.loop.lock.locked_by reads it
 import json
 import os
 import shutil
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
-from harness.loop.lock import holder
+from harness.loop.lock import holder, locked_by
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
@@ -162,7 +162,7 @@ def disk_status(job: Job) -> str:
     suite holds its log (from before run.py starts, so its first seconds too) or a live run.py holds its lock; a
     "running" summary that neither holds is a run that died, and counts as failed."""
     log = _log(job)
-    if _held(log):
+    if locked_by(log) is not None:  # the kernel drops a dead suite's lock: nothing stale to clean up
         return "not run"
     if status := run_status(job.run_dir):
         return "not run" if status == "running" and holder(job.run_dir) is not None else status
@@ -171,24 +171,6 @@ def disk_status(job: Job) -> str:
 
 def _log(job: Job) -> Path:
     return job.run_dir.parent / f"seed{job.seed}.log"
-
-
-def _held(path: Path) -> bool:
-    """Whether a live process holds an exclusive flock on `path`; the kernel drops it when that process dies, so
-    a crashed suite leaves nothing to clean up."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 def run_one(job: Job) -> tuple[Job, str, float]:

@@ -28,15 +28,21 @@ class RunDirBusy(SetupError):
 def holder(run_dir: Path) -> str | None:
     """'pid N on HOST' of the process that holds `run_dir`'s lock now, or None if nobody does. Takes nothing:
     run.py asks before Hydra writes its .hydra/ files into a directory that may belong to a live run."""
-    path = Path(run_dir) / LOCK_NAME
+    content = locked_by(Path(run_dir) / LOCK_NAME)
+    return None if content is None else _describe(content)
+
+
+def locked_by(path: Path) -> str | None:
+    """The first bytes of `path` if a live process holds an flock on it now (its holder's note, if it wrote one),
+    None if nobody does or there is no such file. Takes nothing."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        return _describe(_read(fd))
+        return _read(fd)
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
