@@ -96,8 +96,9 @@ $(VENV)/.bench-extra: $(STAMP)
 bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B5 against their same-process baselines, then one summary table
 	$(PY) -m bench
 
-lint: $(STAMP)  ## ruff
+lint: $(STAMP)  ## ruff: the lint rules and the formatter (README code blocks included)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:  ## remove caches (not the venv, not runs)
 	rm -rf .pytest_cache .ruff_cache
