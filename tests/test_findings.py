@@ -285,6 +285,7 @@ def test_report_only_counts_a_run_in_its_first_seconds_not_run(tmp_path):
     exists; the suite holds that log while the run goes, so a report beside it reads the run as unfinished. Here
     the run is refused (an unknown objective) and, once it has ended, counts as failed."""
     import threading
+    import time
 
     make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
     run_dir = tmp_path / "runs" / "a" / "seed1"
@@ -295,6 +296,7 @@ def test_report_only_counts_a_run_in_its_first_seconds_not_run(tmp_path):
     while thread.is_alive():
         if (run_dir.parent / "seed1.log").exists():
             seen.append(suite_mod.disk_status(job))
+        time.sleep(0.01)  # leave the other core to run.py
     thread.join()
     log = (run_dir.parent / "seed1.log").read_text()
     assert "no_such_objective" in log and not (run_dir / "summary.json").exists()
