@@ -103,6 +103,12 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
 }
 
 
+def run_broke(m: pd.DataFrame, e: pd.DataFrame) -> bool:
+    """Whether one run broke (`collapsed`, or final held-out below BROKEN_EVAL): the arms table's column, per run,
+    for the calibration scripts that read run folders one at a time."""
+    return METRICS["collapsed"][0](m, e) == 1.0 or METRICS["final_eval"][0](m, e) < BROKEN_EVAL
+
+
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(metrics, eval) frames of one run. A key logged as null on some steps (JSON has no NaN) would read as an
     object column of None, which neither numpy nor matplotlib takes: such columns become floats with NaN."""

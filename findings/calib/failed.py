@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from analysis.findings import BROKEN_EVAL, METRICS, load_run
+from analysis.findings import METRICS, load_run, run_broke
 from analysis.suite import run_status
 from analysis.verdicts import effect_interval
 
@@ -24,7 +24,7 @@ def row(d: Path) -> dict:
     arm, lr, seed = re.match(r"(\w+?)_lr([\d.e-]+)_s(\d+)", d.name).groups()
     m, e = load_run(d)
     final, gain = METRICS["final_eval"][0](m, e), METRICS["eval_gain"][0](m, e)
-    failed = METRICS["collapsed"][0](m, e) == 1.0 or final < BROKEN_EVAL
+    failed = run_broke(m, e)
     state = "failed" if failed else "stable" if gain >= -STABLE_DROP else "declined"
     return {"run": d.name, "arm": arm, "lr": lr, "seed": int(seed), "final": final, "gain": gain, "state": state}
 

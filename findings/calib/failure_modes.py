@@ -11,18 +11,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.findings import BROKEN_EVAL, METRICS, load_run
+from analysis.findings import METRICS, load_run, run_broke
 from analysis.suite import run_status
 
 TAIL, DEAD, ALIVE = 10, 0.05, 0.2
 NO_TRUST_REGION = ("pg_is", "pgis", "pg_tis", "ref", "no_mismatch")  # the arms' names in suites and calibrations
 
 
+def flat_from(reward: pd.Series) -> int | None:
+    """Position of the first step of the stretch below DEAD training reward that lasts to the end, None without one."""
+    dead = (reward < DEAD).to_numpy()
+    return next((i for i in range(len(dead)) if dead[i:].all()), None)
+
+
 def fall(reward: pd.Series) -> int | None:
     """Steps from the last healthy 3-step mean to the start of the terminal dead stretch, None without one."""
-    dead = (reward < DEAD).to_numpy()
     alive = (reward.rolling(3).mean() >= ALIVE).to_numpy()
-    start = next((i for i in range(len(dead)) if dead[i:].all()), None)
+    start = flat_from(reward)
     if start is None:
         return None
     before = [i for i in range(start) if alive[i]]
@@ -43,7 +48,7 @@ def describe(run: Path, root: Path) -> dict:
     return {
         "run": f"{root.name}/{name}",
         "trust region": "no" if name.startswith(NO_TRUST_REGION) else "yes",
-        "broke": METRICS["collapsed"][0](m, e) == 1.0 or final < BROKEN_EVAL,
+        "broke": run_broke(m, e),
         "mode": mode,
         "fall": fall(m.sort_values("step")["reward/mean"].reset_index(drop=True)),
         "truncated": tail["rollout/truncated_frac"].mean(),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.findings import BROKEN_EVAL, METRICS, load_run
+from analysis.findings import METRICS, load_run, run_broke
 from analysis.suite import run_status
 from analysis.verdicts import INCONCLUSIVE, Rule, compare
 
@@ -24,7 +24,7 @@ def runs(root: Path) -> pd.DataFrame:
         arm, lr, seed = re.match(r"(\w+?)_lr([\d.e-]+)_s(\d+)", d.name).groups()
         m, e = load_run(d)
         f, gain = METRICS["final_eval"][0](m, e), METRICS["eval_gain"][0](m, e)
-        broke = METRICS["collapsed"][0](m, e) == 1.0 or f < BROKEN_EVAL
+        broke = run_broke(m, e)
         user, system, elapsed = map(float, (root / f"{d.name}.cpu.txt").read_text().split()[-3:])
         mismatch = float(m["mismatch/abs_prob_diff_mean"].dropna().iloc[0])
         rows.append({

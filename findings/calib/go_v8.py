@@ -1,7 +1,8 @@
 """Calibration v8's reading (CALIBRATION.md section 15, fixed before its runs): over seeds 400-403 at 320 steps,
 "the premise appears" if PG-IS broke in 4 of 4 and the reference in 0 of 4 (Fisher p = 0.029); "a sign, not shown"
 if PG-IS broke in at least two more seeds than the reference; else "no sign at 320 steps". Beside it: DPPO-TV's
-breaks, whether each broken run had already broken by step 80, its fall, and the mismatch growth.
+breaks, whether each broken run had already broken by step 80, the step its reward went flat for good, and the
+mismatch growth.
 Usage: PYTHONPATH=. python findings/calib/go_v8.py [/tmp/calib_v8]"""
 
 import re
@@ -9,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from failure_modes import fall
+from failure_modes import flat_from
 from scipy import stats
 
-from analysis.findings import BROKEN_EVAL, METRICS, load_run
+from analysis.findings import BROKEN_EVAL, METRICS, load_run, run_broke
 from analysis.suite import run_status
 
 EARLY = 80  # the suites' horizon
@@ -29,18 +30,12 @@ def row(d: Path) -> dict:
     mis = m["mismatch/abs_prob_diff_mean"].astype(float)
     return {
         "run": d.name, "arm": arm, "seed": int(seed), "held": held, "final": final,
-        "broke": METRICS["collapsed"][0](m, e) == 1.0 or final < BROKEN_EVAL,
+        "broke": run_broke(m, e),
         "broke_by_80": held.get(EARLY, 1.0) < BROKEN_EVAL or late_reward < 0.05,
-        "fall_at": _flat_from(m), "fall": fall(m["reward/mean"]),
+        "fall_at": None if (i := flat_from(m["reward/mean"])) is None else int(m["step"].iloc[i]),
         "growth": mis.tail(20).mean() / mis.head(20).mean() if mis.head(20).mean() > 0 else float("nan"),
         "reward": [round(float(x), 2) for x in m["reward/mean"].groupby(m.index // 80).mean()],
     }  # fmt: skip
-
-
-def _flat_from(m: pd.DataFrame) -> int | None:
-    dead = (m["reward/mean"] < 0.05).to_numpy()
-    start = next((i for i in range(len(dead)) if dead[i:].all()), None)
-    return None if start is None else int(m["step"].iloc[start])
 
 
 def main(root: Path) -> None:
