@@ -80,3 +80,23 @@ def test_the_chain_pool_belongs_to_the_chain_tasks_model_and_split() -> None:
     train, held_out = load_problems(cfg.data, cfg.benchmark)
     assert len(train) == 5491  # solved 2-6 times of 8 (CALIBRATION.md section 12)
     assert {p.kind for p in held_out} == {"chain"} and not {p.id for p in train} & {p.id for p in held_out}
+
+
+def test_the_small_sanity_pool_is_the_subset_its_script_draws() -> None:
+    """findings/pools/tiny_sanity64.json (calibration v9, CALIBRATION.md section 16) is 64 problems of the default
+    sanity pool, equal shares per kind, drawn by findings/calib/pool_subset.py: the committed file must be what the
+    script draws, and load as 64 training problems of that pool, none held out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pool_subset", "findings/calib/pool_subset.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    committed = json.loads(Path("findings/pools/tiny_sanity64.json").read_text())
+    assert committed == script.subset(64)
+    cfg = validate(compose("logger=none", "data.pool_path=findings/pools/tiny_sanity64.json"))
+    train, held_out = load_problems(cfg.data, cfg.benchmark)
+    assert [sum(p.kind == k for p in train) for k in ("add", "add_mul", "mul")] == [22, 21, 21]
+    rates = load_pass_rates("findings/pools/tiny_pass_rates.json")
+    assert all(0.2 <= rates[p.id] <= 0.8 for p in train)
+    assert committed["model"] == json.loads(Path("findings/pools/tiny_pass_rates.json").read_text())["model"]
+    assert not {p.id for p in train} & {p.id for p in held_out}
