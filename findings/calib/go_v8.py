@@ -17,6 +17,7 @@ from analysis.findings import BROKEN_EVAL, METRICS, load_run, run_broke
 from analysis.suite import run_status
 
 EARLY = 80  # the suites' horizon
+LATE = 20  # steps: how near 1 training reward came at the end (calibration v9)
 
 
 def row(d: Path) -> dict:
@@ -35,6 +36,7 @@ def row(d: Path) -> dict:
         "fall_at": None if (i := flat_from(m["reward/mean"])) is None else int(m["step"].iloc[i]),
         "growth": mis.tail(20).mean() / mis.head(20).mean() if mis.head(20).mean() > 0 else float("nan"),
         "reward": [round(float(x), 2) for x in m["reward/mean"].groupby(m.index // 80).mean()],
+        "late": m["reward/mean"].tail(LATE).mean(),
     }  # fmt: skip
 
 

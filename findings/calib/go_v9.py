@@ -12,16 +12,11 @@ from go_v6 import runs
 from go_v8 import row
 from scipy import stats
 
-from analysis.findings import load_run
-
-LATE = 20  # steps: how near 1 training reward came at the end
-
 
 def main(root: Path) -> bool:
     df = runs(root).set_index("run")
     detail = pd.DataFrame(row(root / name) for name in df.index).set_index("run")
-    late = {name: load_run(root / name)[0].sort_values("step")["reward/mean"].tail(LATE).mean() for name in df.index}
-    df = df.join(detail[["held", "growth"]]).assign(late=pd.Series(late)).sort_values(["arm", "seed"])
+    df = df.join(detail[["held", "growth", "late"]]).sort_values(["arm", "seed"])
     print("| run | held-out at 0 / 80 / 160 | training reward, last 20 steps | broke | step-1 mean abs(pi-mu) "
           "| mismatch last-20 / first-20 | wall s |\n|---|---|---|---|---|---|---|")  # fmt: skip
     for name, r in df.iterrows():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.config import DataConfig
 from harness.tasks import load_training_set
-from harness.tasks.pool import load_pass_rates
+from harness.tasks.pool import filter_pool, load_pass_rates
 
 SOURCE = Path("findings/pools/tiny_pass_rates.json")
 LOW, HIGH, SEED = 0.2, 0.8, 0
@@ -22,9 +22,9 @@ def subset(n: int) -> dict:
     rates = load_pass_rates(SOURCE)
 
     by_kind: dict[str, list[str]] = {}
-    for p in load_training_set(DataConfig(name="arith")):  # the default arith split, as the suite's runs load it
-        if LOW <= rates.get(p.id, -1.0) <= HIGH:
-            by_kind.setdefault(p.kind, []).append(p.id)
+    # The sanity pool exactly as a run with the source file loads it: the default arith split, filtered.
+    for p in filter_pool(load_training_set(DataConfig(name="arith")), rates, LOW, HIGH):
+        by_kind.setdefault(p.kind, []).append(p.id)
     rng, kinds = random.Random(SEED), sorted(by_kind)
     shares = [n // len(kinds) + (j < n % len(kinds)) for j in range(len(kinds))]
     picked = [i for k, share in zip(kinds, shares, strict=True) for i in rng.sample(sorted(by_kind[k]), share)]
