@@ -18,7 +18,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.verdicts import INCONCLUSIVE, Rule, combine, compare, iqm_interval, replication_seeds
+from analysis.verdicts import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    REPRODUCED,
+    Rule,
+    combine,
+    compare,
+    iqm_interval,
+    replication_seeds,
+)
 from harness.loop.runlog import read_jsonl
 
 QUARTER = 0.25  # "early" / "late": the first / last quarter of the steps
@@ -184,6 +193,9 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
             "ci_low": c.ci_low, "ci_high": c.ci_high, "prob_a_better": c.prob_a_better, "seeds": list(c.seeds),
             "verdict": c.verdict, "why": c.why,
             "replication_seeds": replication_seeds(a, b_vals, rule) if c.verdict == INCONCLUSIVE else None,
+            "contradiction_seeds": (
+                replication_seeds(a, b_vals, rule, toward=CONTRADICTED) if c.verdict == INCONCLUSIVE else None
+            ),
         })  # fmt: skip
     head = parts[0]
     arms = {}
@@ -439,12 +451,12 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-# Where a measured effect sits when more seeds would not reproduce the claim, by rule kind.
-_WRONG_SIDE = {
-    "greater": "at or below the margin",
-    "less": "at or above -margin",
-    "noninferior": "below -margin",
-    "equivalent": "outside the ±margin band",
+# Where a measured effect sits when no seed count decides the rule either way, by rule kind (`decide`'s boundaries).
+_UNDECIDABLE = {
+    "greater": "within ±margin",
+    "less": "within ±margin",
+    "noninferior": "at -margin",
+    "equivalent": "at the band's edge",
 }
 
 
@@ -453,13 +465,24 @@ def _planned(part: dict[str, Any]) -> bool:
     return part["verdict"] == INCONCLUSIVE and min(part["seeds"]) >= part["rule"].get("min_seeds", 3)
 
 
+def _plan(part: dict[str, Any]) -> tuple[str, int] | None:
+    """The verdict the measured effect points to and the seeds per arm a replication would need to reach it; None
+    when the effect lies where no seed count decides."""
+    for toward, key in ((REPRODUCED, "replication_seeds"), (CONTRADICTED, "contradiction_seeds")):
+        if part.get(key) is not None:
+            return toward, part[key]
+    return None
+
+
 def _replication_note(part: dict[str, Any]) -> str:
     if not _planned(part):
         return ""
-    n = part.get("replication_seeds")
-    if n is None:
-        return f" (the measured effect lies {_WRONG_SIDE[part['rule']['kind']]}: more seeds would not reproduce it)"
-    return f" (a replication at this effect and spread: ~{n} seeds per arm)"
+    plan = _plan(part)
+    if plan is None:
+        where = _UNDECIDABLE[part["rule"]["kind"]]
+        return f" (the measured effect lies {where}: no seed count would reproduce or contradict it)"
+    verb = "reproduce" if plan[0] == REPRODUCED else "contradict"
+    return f" (a replication at this effect and spread would {verb} it with ~{plan[1]} seeds per arm)"
 
 
 def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
@@ -471,13 +494,14 @@ def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
         for p in e.get("parts", []):
             if not _planned(p):
                 continue
-            n = p.get("replication_seeds")
+            plan = _plan(p)
             arms = 2 if isinstance(p["b"], str) else 1
             b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
-            if n is None:
-                why, cost = f"effect {_WRONG_SIDE[p['rule']['kind']]}: not a seed-count problem", "–"
+            if plan is None:
+                why, cost = f"effect {_UNDECIDABLE[p['rule']['kind']]}: not a seed-count problem", "–"
             else:
-                why, cost = f"too few seeds: ~{n} per arm", f"{n * arms * run_h:.1f}"
+                verb = "reproduce" if plan[0] == REPRODUCED else "contradict"
+                why, cost = f"too few seeds to {verb}: ~{plan[1]} per arm", f"{plan[1] * arms * run_h:.1f}"
             rows.append(
                 f"| {e['id']} | {p['a']} vs {b} | `{p['metric']}` | {_fmt(p['effect'])} | "
                 f"{p['rule']['kind']} {p['rule'].get('margin', 0)} | {why} | {cost} |"
@@ -487,8 +511,9 @@ def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
     return [
         "## Why the inconclusive comparisons are inconclusive",
         "",
-        "Seeds per arm a fresh replication would need for its 95% interval to clear the rule's boundary with 80% "
-        "probability, were the true effect and the per-seed spread what these seeds measured (normal "
+        "Seeds per arm a fresh replication would need for its 95% interval to clear the rule's boundary on the "
+        "side the measured effect lies (to reproduce the claim, or to contradict it) with 80% probability, were "
+        "the true effect and the per-seed spread what these seeds measured (normal "
         "approximation; `analysis.verdicts.replication_seeds`). A planning number, not a verdict: a replication is "
         "a new experiment on new seeds (`python -m analysis.suite --seeds 3-12`), decided by the same rules on its "
         "own seeds, never pooled with these. Hours are one-thread run time at this suite's mean run time.",

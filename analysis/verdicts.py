@@ -18,8 +18,9 @@ Rules (`Rule.kind`):
 A comparison with a missing or failed arm, or fewer than `min_seeds` finished seeds in either arm, is inconclusive.
 
 `replication_seeds` turns an inconclusive comparison into a planning number: the seeds per arm a fresh
-replication would need, were the true effect and spread what these seeds measured. It is a pilot's sample-size
-estimate, not a verdict: a replication is a new experiment on new seeds, decided by the same rule on its own.
+replication would need to reproduce the claim (`toward=REPRODUCED`) or to contradict it (`toward=CONTRADICTED`),
+were the true effect and spread what these seeds measured. It is a pilot's sample-size estimate, not a verdict: a
+replication is a new experiment on new seeds, decided by the same rule on its own.
 """
 
 from __future__ import annotations
@@ -126,23 +127,32 @@ def compare(a: Sequence[float] | None, b: Sequence[float] | None, rule: Rule) ->
     return Comparison(effect, lo, hi, probability_of_improvement(a_ok, b_ok), seeds, verdict, why)
 
 
-def replication_seeds(a: Sequence[float], b: Sequence[float], rule: Rule, power: float = 0.8) -> int | None:
-    """Seeds per arm for a replication's 95% interval to clear `rule`'s boundary with probability `power`, if the
-    true effect were IQM(a) - IQM(b) and the per-seed spread these seeds' (normal approximation: the standard
-    two-sample size formula). None when the measured effect lies on the claim's wrong side of the boundary (e.g.
-    inside the margin of a `greater` rule): at that effect no seed count reproduces the claim."""
+def replication_seeds(
+    a: Sequence[float], b: Sequence[float], rule: Rule, power: float = 0.8, toward: str = REPRODUCED
+) -> int | None:
+    """Seeds per arm for a replication's 95% interval to clear the boundary of `rule` that gives the verdict
+    `toward` with probability `power`, if the true effect were IQM(a) - IQM(b) and the per-seed spread these seeds'
+    (normal approximation: the standard two-sample size formula). None when the measured effect lies short of
+    that boundary: e.g. an effect inside the margin of a `greater` rule neither reproduces (the interval has to
+    clear +margin) nor contradicts (it has to clear -margin) at any seed count."""
+    if toward not in (REPRODUCED, CONTRADICTED):
+        raise ValueError(f"toward: {toward!r} is not {REPRODUCED!r} or {CONTRADICTED!r}")
     a_ok = np.asarray([v for v in a if np.isfinite(v)], dtype=float)
     b_ok = np.asarray([v for v in b if np.isfinite(v)], dtype=float)
     if min(len(a_ok), len(b_ok)) < 2:
         return None
     effect, m = iqm(a_ok) - iqm(b_ok), rule.margin
-    # Distance from the measured effect to the boundary the interval has to clear.
+    # Distance from the measured effect to the boundary the interval has to clear (`decide`'s boundaries).
     distance = {
-        "greater": effect - m,
-        "less": -effect - m,
-        "noninferior": effect + m,
-        "equivalent": m - abs(effect),
-    }[rule.kind]
+        (REPRODUCED, "greater"): effect - m,
+        (REPRODUCED, "less"): -effect - m,
+        (REPRODUCED, "noninferior"): effect + m,
+        (REPRODUCED, "equivalent"): m - abs(effect),
+        (CONTRADICTED, "greater"): -effect - m,
+        (CONTRADICTED, "less"): effect - m,
+        (CONTRADICTED, "noninferior"): -effect - m,
+        (CONTRADICTED, "equivalent"): abs(effect) - m,
+    }[toward, rule.kind]
     if distance <= 0:
         return None
     variance = float(np.var(a_ok, ddof=1) + (np.var(b_ok, ddof=1) if np.ptp(b_ok) > 0 else 0.0))

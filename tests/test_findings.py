@@ -200,19 +200,47 @@ def test_replication_seeds_match_the_two_sample_formula():
     assert replication_seeds([5.0, 5.1, 4.9], b, Rule("greater")) == 3  # never fewer than the rule's min_seeds
 
 
+def test_contradiction_seeds_plan_toward_the_other_boundary():
+    """The same formula toward the boundary that contradicts: d is the distance past -margin (greater,
+    noninferior), past +margin (less), or outside the band (equivalent); s_a^2 + s_b^2 = 0.02 as above."""
+    from analysis.verdicts import replication_seeds
+
+    a, b = [0.5, 0.6, 0.7], [0.3, 0.4, 0.5]  # a - b = 0.2, b - a = -0.2
+    assert replication_seeds(b, a, Rule("greater", margin=0.1), toward=CONTRADICTED) == 16  # -0.2 is 0.1 below -0.1
+    assert replication_seeds(a, b, Rule("less", margin=0.1), toward=CONTRADICTED) == 16
+    assert replication_seeds(b, a, Rule("noninferior", margin=0.1), toward=CONTRADICTED) == 16
+    assert replication_seeds(a, b, Rule("equivalent", margin=0.1), toward=CONTRADICTED) == 16  # 0.1 outside the band
+    # d = 0.15: 7.849 * 0.02 / 0.0225 = 6.98
+    assert replication_seeds(b, a, Rule("greater", margin=0.05), toward=CONTRADICTED) == 7
+    # Within +-margin a `greater` rule is undecidable both ways; past +margin only reproduction is planned.
+    assert replication_seeds(a, b, Rule("greater", margin=0.25), toward=CONTRADICTED) is None
+    assert replication_seeds(a, b, Rule("greater", margin=0.1), toward=CONTRADICTED) is None
+    assert replication_seeds(a, b, Rule("equivalent", margin=0.3), toward=CONTRADICTED) is None  # inside the band
+    with pytest.raises(ValueError, match="toward: 'inconclusive'"):
+        replication_seeds(a, b, Rule("greater"), toward=INCONCLUSIVE)
+
+
 def test_report_says_why_each_inconclusive_comparison_is_inconclusive(tmp_path):
     doc = report(make_suite(tmp_path, {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.45, 0.6, 0.75]}))
     one, two = doc["by_id"][1]["parts"][0], doc["by_id"][2]["parts"][0]
     assert one["verdict"] == REPRODUCED and one["replication_seeds"] is None  # decided: nothing to plan
     assert two["verdict"] == INCONCLUSIVE and two["replication_seeds"] == 26  # effect 0: 7.849 * 0.0325 / 0.1^2 = 25.5
     md = (tmp_path / "FINDINGS.md").read_text()
-    assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.1 | too few seeds: ~26 per arm | 0.9 |" in md
+    assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.1 | too few seeds to reproduce: ~26 per arm | 0.9 |" in md
+    assert two["contradiction_seeds"] is None  # an effect of 0 lies inside the band: it cannot contradict
     inside = report(make_suite(tmp_path / "in", {"a": [0.5, 0.6, 0.7], "b": [0.49, 0.6, 0.7], "c": [0.5, 0.6, 0.7]}))
-    assert inside["by_id"][1]["parts"][0]["replication_seeds"] is None
-    assert "effect at or below the margin: not a seed-count problem" in (tmp_path / "in" / "FINDINGS.md").read_text()
+    part = inside["by_id"][1]["parts"][0]  # effect 0.0033 against a `greater` margin of 0.02: neither way
+    assert part["replication_seeds"] is None and part["contradiction_seeds"] is None
+    md = (tmp_path / "in" / "FINDINGS.md").read_text()
+    assert "effect within ±margin: not a seed-count problem" in md
+    assert "no seed count would reproduce or contradict it" in md
     far = report(make_suite(tmp_path / "far", {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.2, 0.4, 0.6]}))
-    assert far["by_id"][2]["verdict"] == INCONCLUSIVE and far["by_id"][2]["parts"][0]["replication_seeds"] is None
-    assert "effect outside the ±margin band: not a seed-count problem" in (tmp_path / "far" / "FINDINGS.md").read_text()
+    part = far["by_id"][2]["parts"][0]  # a - c = 0.2, 0.1 outside the ±0.1 band; spread 0.01 + 0.04
+    assert far["by_id"][2]["verdict"] == INCONCLUSIVE and part["replication_seeds"] is None
+    assert part["contradiction_seeds"] == 40  # 7.849 * 0.05 / 0.1^2 = 39.2
+    md = (tmp_path / "far" / "FINDINGS.md").read_text()
+    assert "| 2 | a vs c | `final_eval` | 0.2 | equivalent 0.1 | too few seeds to contradict: ~40 per arm |" in md
+    assert "would contradict it with ~40 seeds per arm" in md
 
 
 def test_a_replication_runs_new_seeds_in_its_own_folder_and_never_pools_them(tmp_path):
