@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.suite import settings_differ
 from analysis.verdicts import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -167,6 +168,8 @@ def evaluate_claims(
         row["mismatch_abs_mean_step1"] = float(first.get("mismatch/abs_prob_diff_mean", math.nan))
         row["mismatch_abs_max_step1"] = float(first.get("mismatch/abs_prob_diff_max", math.nan))
         row["error"] = "" if ok else run_error(job.run_dir)
+        if status.get(job) == "stale":
+            row["error"] = f"stale: {settings_differ(job)}; a pass of the suite (not --report-only) runs it again"
         rows.append(row)
         if ok and not m.empty:
             frames.append(m.assign(run=str(job.run_dir), arm=job.arm, seed=job.seed))

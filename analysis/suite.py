@@ -10,7 +10,9 @@ The suite file (findings/suite.yaml) holds the calibrated base setting, the arms
 per claim, the comparisons and the rule that decides each one, written before any run. Runs are `run.py`
 processes, `jobs` at a time with one thread each, in findings/runs/<arm>/seed<k>; a run whose summary.json says
 completed is not run again, so an interrupted suite resumes where it stopped. A failed run is reported in
-FINDINGS.md with its error, the comparisons that needed it become inconclusive, and the exit code is non-zero.
+FINDINGS.md with its error, the comparisons that needed it become inconclusive, and the exit code is non-zero. A
+completed run whose recorded overrides (`.hydra/overrides.yaml`) differ from what the suite file now asks is
+*stale*: a pass runs it again, and `--report-only` reports it as failed, saying how it differs.
 """
 
 from __future__ import annotations
@@ -155,16 +157,49 @@ def run_status(run_dir: Path) -> str | None:
         return None
 
 
+def job_overrides(job: Job) -> list[str]:
+    """The overrides run.py gets for a job (besides `hydra.run.dir`), as Hydra records them in the run's
+    `.hydra/overrides.yaml`."""
+    return [*job.overrides, "trainer.threads=1", "name=findings"]
+
+
+def settings_differ(job: Job) -> str | None:
+    """The first difference between the overrides a run on disk was made with and the job's, or None when they
+    agree or the run left no record of them. A suite file edited after its runs (another lr, base, arm) must not
+    pass the old runs off as the new setting's."""
+    try:
+        made = yaml.safe_load((job.run_dir / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    want = job_overrides(job)
+    if made == want:
+        return None
+    made = list(made or [])
+    gone, new = [o for o in made if o not in want], [o for o in want if o not in made]
+    if gone or new:
+        return (
+            f"made with {', '.join(gone) or 'nothing more'} where the suite file now says {', '.join(new) or 'nothing'}"
+        )
+    return "made with the same overrides in another order"
+
+
+def job_status(job: Job) -> str | None:
+    """The run's summary status, "stale" for a completed run made with other settings than the job's."""
+    status = run_status(job.run_dir)
+    return "stale" if status == "completed" and settings_differ(job) else status
+
+
 def disk_status(job: Job) -> str:
-    """What a run left on disk: its summary's status; "failed" when only the suite's log of it exists (refused
-    before its directory was made, e.g. a bad override); "not run" when neither does, or when the run is still
-    going (`--report-only` beside a running suite): unfinished is not failed. A run is still going while a live
-    suite holds its log (from before run.py starts, so its first seconds too) or a live run.py holds its lock; a
-    "running" summary that neither holds is a run that died, and counts as failed."""
+    """What a run left on disk: its summary's status ("stale" when it completed with other settings than the
+    suite file's); "failed" when only the suite's log of it exists (refused before its directory was made, e.g.
+    a bad override); "not run" when neither does, or when the run is still going (`--report-only` beside a
+    running suite): unfinished is not failed. A run is still going while a live suite holds its log (from before
+    run.py starts, so its first seconds too) or a live run.py holds its lock; a "running" summary that neither
+    holds is a run that died, and counts as failed."""
     log = _log(job)
     if locked_by(log) is not None:  # the kernel drops a dead suite's lock: nothing stale to clean up
         return "not run"
-    if status := run_status(job.run_dir):
+    if status := job_status(job):
         return "not run" if status == "running" and holder(job.run_dir) is not None else status
     return "failed" if log.exists() else "not run"
 
@@ -179,10 +214,7 @@ def run_one(job: Job) -> tuple[Job, str, float]:
     shutil.rmtree(job.run_dir, ignore_errors=True)
     job.run_dir.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable, str(ROOT / "run.py"), *job.overrides, "trainer.threads=1",
-        f"hydra.run.dir={job.run_dir}", "name=findings",
-    ]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "run.py"), *job_overrides(job), f"hydra.run.dir={job.run_dir}"]
     t0 = time.time()
     log = _log(job)
     fresh = log.with_name(log.name + ".new")
@@ -196,10 +228,16 @@ def run_one(job: Job) -> tuple[Job, str, float]:
 
 
 def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
-    """Run what is not complete yet, `workers` at a time; one progress line per finished run."""
-    status = {j: "completed" for j in jobs if run_status(j.run_dir) == "completed"}
+    """Run what is not complete yet, `workers` at a time; one progress line per finished run. A completed run
+    made with other settings than the suite file's is run again."""
+    on_disk = {j: job_status(j) for j in jobs}
+    status = {j: "completed" for j, st in on_disk.items() if st == "completed"}
     todo = [j for j in jobs if j not in status]
-    print(f"findings: {len(jobs)} runs, {len(status)} already complete, {len(todo)} to run ({workers} at a time)")
+    stale = sum(st == "stale" for st in on_disk.values())
+    again = f", {stale} of them made with other settings than the suite file's" if stale else ""
+    print(
+        f"findings: {len(jobs)} runs, {len(status)} already complete, {len(todo)} to run{again} ({workers} at a time)"
+    )
     t0, done = time.time(), 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for fut in as_completed([pool.submit(run_one, j) for j in todo]):

@@ -289,6 +289,45 @@ def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, c
         assert "objective=nope is not an option" in (tmp_path / "FINDINGS.md").read_text()
 
 
+def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_files(tmp_path, capsys):
+    """A completed run whose `.hydra/overrides.yaml` differs from what the suite file asks (the file edited after
+    its runs) is reported failed, saying how it differs, and a pass runs it again (a real run.py, refused here
+    on an unknown objective) instead of skipping it as complete; a run that matches is kept."""
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    hydra = tmp_path / "runs" / "a" / "seed1" / ".hydra"
+    hydra.mkdir()
+    same = ["rollout=hf", "objective=a", "seed=1", "trainer.threads=1", "name=findings"]
+    (hydra / "overrides.yaml").write_text(yaml.safe_dump(same))
+    kept = report(path)
+    assert kept["failed_runs"] == 0 and kept["by_id"][1]["verdict"] == REPRODUCED
+    (hydra / "overrides.yaml").write_text(yaml.safe_dump(["rollout=hf", "trainer.lr=2e-4", *same[1:]]))
+    stale = report(path)
+    assert stale["failed_runs"] == 1 and stale["exit_code"] == 1
+    assert stale["by_id"][1]["verdict"] == INCONCLUSIVE and stale["by_id"][1]["parts"][0]["seeds"] == [2, 3]
+    failed = stale["by_id"][1]["arms"]["a"]["failed"]
+    assert failed == [{"seed": 1, "error": "stale: made with trainer.lr=2e-4 where the suite file now says nothing; "
+                       "a pass of the suite (not --report-only) runs it again"}]  # fmt: skip
+
+    suite = {
+        "base": ["rollout=hf", "logger=none"], "seeds": [0], "arms": {"bad": ["objective=nope"]},
+        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
+            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
+    }  # fmt: skip
+    path = tmp_path / "real" / "suite.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(suite))
+    run_dir = tmp_path / "real" / "runs" / "bad" / "seed0"
+    write_run(run_dir, [0.5] * 4, 0.5)
+    (run_dir / ".hydra").mkdir()
+    made = ["rollout=hf", "logger=none", "objective=grpo", "seed=0", "trainer.threads=1", "name=findings"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(made))
+    capsys.readouterr()
+    assert suite_mod.main(["--suite", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 runs, 0 already complete, 1 to run, 1 of them made with other settings than the suite file's" in out
+    assert "objective=nope is not an option" in (run_dir.parent / "seed0.log").read_text()
+
+
 def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(tmp_path):
     """`--report-only` while the suite still runs: a run whose summary says "running" and whose lock a live process
     holds is unfinished, not failed; once nobody holds the lock, the same summary is a run that died."""
