@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.suite import settings_differ
+from analysis.suite import ROOT, Suite, settings_differ
 from analysis.verdicts import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -312,6 +313,7 @@ def write_report(
         "arms": arms,
         "arms_figure": arms_figure(arms, out),
         "runs_not_run": int((per_run["status"] == "not run").sum()) if len(per_run) else 0,
+        "optin": [Path(os.path.relpath(o, suite.path.parent)).as_posix() for o in getattr(suite, "optin", [])],
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "findings.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
@@ -400,6 +402,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
             f"| {e['id']}. {e['claim']} | {e['paper']} | {e['metric']} | {_fmt(e['effect'])} | "
             f"[{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] | {e['seeds']} | **{e['verdict']}** | {fig} |"
         )
+    lines += _optin_section(suite)
     lines += _arms_section(doc)
     lines += ["", "## Parts of each claim", ""]
     for e in doc["claims"]:
@@ -424,6 +427,27 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
         lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _optin_section(suite: Any) -> list[str]:
+    """The opt-in suites the suite file names (`optin:`): what runs there and how, so what does not fit the budget
+    is named beside the verdicts."""
+    lines = []
+    for path in getattr(suite, "optin", []):
+        opt = Suite.load(path)
+        added = ", ".join(a for a in opt.arms if a not in suite.arms)
+        ids = ", ".join(str(c["id"]) for c in opt.claims)
+        shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+        report = (path.parent / "FINDINGS.md").resolve()
+        link = Path(os.path.relpath(report, suite.path.parent.resolve())).as_posix()
+        done = f"its report: [{link}]({link})" if report.exists() else f"its report, once run: {link}"
+        lines.append(
+            f"- `python -m analysis.suite --suite {shown}`: more parts of claims {ids}, on arms {added} "
+            f"(rules written in that file before its runs; {done})"
+        )
+    if not lines:
+        return []
+    return ["", "**Opt-in**, outside the 90-minute budget:", "", *lines]
 
 
 def _arms_section(doc: dict[str, Any]) -> list[str]:

@@ -57,19 +57,33 @@ class Suite:
     claims: list[dict[str, Any]]
     quick: dict[str, Any] = field(default_factory=dict)
     jobs: int = 2
+    runs: Path | None = None  # the run folder when not <report folder>/runs (`runs:`, relative to the file)
+    optin: list[Path] = field(default_factory=list)  # opt-in suite files its report names (`optin:`)
 
     @classmethod
-    def load(cls, path: Path) -> Suite:
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as e:
-            raise SystemExit(f"error: {path}: {e}") from e
+    def load(cls, path: Path, _seen: tuple[Path, ...] = ()) -> Suite:
+        raw = _read(path)
+        if path.resolve() in _seen:
+            raise SystemExit(f"error: {path}: extends itself through {' -> '.join(p.name for p in _seen)}")
+        # An opt-in suite `extends:` another: it inherits base, seeds, jobs and arms, adds arms, has its own claims.
+        parent = cls.load(path.parent / raw["extends"], (*_seen, path.resolve())) if "extends" in raw else None
+        if parent is not None:
+            raw.setdefault("base", parent.base)
+            raw.setdefault("seeds", parent.seeds)
+            raw.setdefault("jobs", parent.jobs)
+            raw.setdefault("arms", {})
         missing = [k for k in ("base", "arms", "seeds", "claims") if k not in raw]
         if missing:
             raise SystemExit(f"error: {path}: missing key(s) {', '.join(missing)}")
+        arms = {k: list(v) for k, v in (parent.arms if parent else {}).items()}
+        for arm, overrides in raw["arms"].items():
+            if arm in arms and arms[arm] != list(overrides):
+                raise SystemExit(f"error: {path}: arm {arm!r} is {raw['extends']}'s with other overrides: rename it")
+            arms[arm] = list(overrides)
         suite = cls(
-            path, list(raw["base"]), {k: list(v) for k, v in raw["arms"].items()}, list(raw["seeds"]),
-            list(raw["claims"]), dict(raw.get("quick") or {}), int(raw.get("jobs", 2)),
+            path, list(raw["base"]), arms, list(raw["seeds"]), list(raw["claims"]), dict(raw.get("quick") or {}),
+            int(raw.get("jobs", 2)), path.parent / raw["runs"] if "runs" in raw else None,
+            [path.parent / p for p in raw.get("optin", [])],
         )  # fmt: skip
         for claim in suite.claims:
             for arm in claim_arms(claim):
@@ -78,6 +92,9 @@ class Suite:
         for arm in suite.quick.get("arms", []):
             if arm not in suite.arms:
                 raise SystemExit(f"error: {path}: quick.arms names {arm!r}, not in arms")
+        for opt in suite.optin:
+            if not opt.is_file():
+                raise SystemExit(f"error: {path}: optin names {opt}, which is not a file")
         return suite
 
     def selection(self, quick: bool) -> tuple[list[dict[str, Any]], list[int], list[str] | None]:
@@ -98,6 +115,16 @@ class Suite:
             for seed in seeds
             for arm in arms
         ]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise SystemExit(f"error: {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise SystemExit(f"error: {path}: expected a mapping with base, arms, seeds and claims")
+    return raw
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -284,13 +311,15 @@ def main(argv: list[str] | None = None) -> int:
         # A replication is a new experiment: the suite's rules on new seeds, decided on those seeds alone.
         suite.seeds = seeds = args.seeds
         out = args.out or suite.path.parent / f"seeds_{seeds_label(seeds)}"
-    jobs = suite.jobs_for(claims, seeds, out / "runs", only)
+    # A replication keeps its runs in its own folder; otherwise the suite file may name a shared one (`runs:`).
+    runs = suite.runs if suite.runs is not None and args.seeds is None else out / "runs"
+    jobs = suite.jobs_for(claims, seeds, runs, only)
     t0 = time.time()
     ran = {} if args.report_only else run_jobs(jobs, args.jobs or suite.jobs)
     wall = time.time() - t0
     # The report covers every claim and every run on disk: a quick pass leaves the other claims inconclusive (no
     # runs), and a full pass after it reuses the quick runs.
-    every = suite.jobs_for(suite.claims, suite.seeds, out / "runs")
+    every = suite.jobs_for(suite.claims, suite.seeds, runs)
     every += [j for j in jobs if j not in every]
     status = {j: ran.get(j) or disk_status(j) for j in every}
     failed = write_report(

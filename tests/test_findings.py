@@ -289,6 +289,60 @@ def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, c
         assert "objective=nope is not an option" in (tmp_path / "FINDINGS.md").read_text()
 
 
+SUITE_FILES = sorted((Path(__file__).resolve().parents[1] / "findings").rglob("suite.yaml"))
+
+
+@pytest.mark.parametrize("path", SUITE_FILES, ids=lambda p: str(p.parent.name))
+def test_every_arm_of_every_committed_suite_file_is_a_valid_run(path):
+    """Each arm's overrides, on its suite's base, compose with Hydra and pass the run config's checks, so an arm of
+    an opt-in suite cannot be a typo found only after its runs were paid for."""
+    from harness.config import compose, validate
+
+    suite = suite_mod.Suite.load(path)
+    for arm, overrides in suite.arms.items():
+        run = validate(compose(*suite.base, *overrides, "seed=0"))
+        assert run.objective.name == next(o for o in overrides if o.startswith("objective=")).split("=")[1], arm
+
+
+def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_report(tmp_path):
+    """An opt-in suite inherits the base, seeds and arms, adds an arm, decides its own claims on the shared run
+    folder's runs (arm a's are the suite's own), and the suite's FINDINGS.md names it; bad files fail in one line."""
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    for seed, value in zip(SEEDS, [0.2, 0.22, 0.21], strict=True):
+        write_run(tmp_path / "runs" / "d" / f"seed{seed}", [value] * 8, value)
+    opt = tmp_path / "optin" / "suite.yaml"
+    opt.parent.mkdir()
+    claim = {"id": 3, "claim": "A beats D", "paper": "Fig. Z", "parts": [
+        {"a": "a", "b": "d", "metric": "final_eval", "rule": {"kind": "greater", "margin": 0.02}}]}  # fmt: skip
+    opt.write_text(yaml.safe_dump({"extends": "../suite.yaml", "runs": "../runs", "arms": {"d": ["objective=d"]},
+                                   "claims": [claim]}))  # fmt: skip
+    assert suite_mod.main(["--suite", str(opt), "--report-only"]) == 0
+    doc = json.loads((opt.parent / "findings.json").read_text())
+    assert doc["seeds"] == SEEDS and doc["runs"] == 6 and [c["id"] for c in doc["claims"]] == [3]
+    part = doc["claims"][0]["parts"][0]
+    assert part["verdict"] == REPRODUCED and part["effect"] == pytest.approx(0.55 - 0.21)
+    assert not (opt.parent / "runs").exists()  # it read the suite's run folder, made none of its own
+
+    main = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**main, "optin": ["optin/suite.yaml"]}))
+    named = report(path)
+    assert named["optin"] == ["optin/suite.yaml"]
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert f"`python -m analysis.suite --suite {opt}`: more parts of claims 3, on arms d" in md
+    assert "its report: [optin/FINDINGS.md](optin/FINDINGS.md)" in md
+
+    def fails(text: dict, match: str) -> None:
+        opt.write_text(yaml.safe_dump(text))
+        with pytest.raises(SystemExit, match=match):
+            suite_mod.Suite.load(opt)
+
+    fails({"extends": "../suite.yaml", "arms": {"a": ["objective=z"]}, "claims": []}, "arm 'a' is ../suite.yaml's")
+    fails({"extends": "suite.yaml", "claims": []}, "extends itself through suite.yaml")
+    path.write_text(yaml.safe_dump({**main, "optin": ["nowhere.yaml"]}))
+    with pytest.raises(SystemExit, match="optin names .*nowhere.yaml, which is not a file"):
+        suite_mod.Suite.load(path)
+
+
 def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_files(tmp_path, capsys):
     """A completed run whose `.hydra/overrides.yaml` differs from what the suite file asks (the file edited after
     its runs) is reported failed, saying how it differs, and a pass runs it again (a real run.py, refused here
