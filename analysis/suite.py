@@ -82,7 +82,7 @@ class Suite:
             arms[arm] = list(overrides)
         suite = cls(
             path, list(raw["base"]), arms, list(raw["seeds"]), list(raw["claims"]), dict(raw.get("quick") or {}),
-            int(raw.get("jobs", 2)), path.parent / raw["runs"] if "runs" in raw else None,
+            int(raw.get("jobs", 2)), (path.parent / raw["runs"]).resolve() if "runs" in raw else None,
             [path.parent / p for p in raw.get("optin", [])],
         )  # fmt: skip
         for claim in suite.claims:
