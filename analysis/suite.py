@@ -61,12 +61,12 @@ class Suite:
     optin: list[Path] = field(default_factory=list)  # opt-in suite files its report names (`optin:`)
 
     @classmethod
-    def load(cls, path: Path, _seen: tuple[Path, ...] = ()) -> Suite:
+    def load(cls, path: Path, _seen: tuple[Path, ...] = (), _optin: bool = True) -> Suite:
         raw = _read(path)
         if path.resolve() in _seen:
             raise SystemExit(f"error: {path}: extends itself through {' -> '.join(p.name for p in _seen)}")
         # An opt-in suite `extends:` another: it inherits base, seeds, jobs and arms, adds arms, has its own claims.
-        parent = cls.load(path.parent / raw["extends"], (*_seen, path.resolve())) if "extends" in raw else None
+        parent = cls.load(path.parent / raw["extends"], (*_seen, path.resolve()), False) if "extends" in raw else None
         if parent is not None:
             raw.setdefault("base", parent.base)
             raw.setdefault("seeds", parent.seeds)
@@ -95,6 +95,8 @@ class Suite:
         for opt in suite.optin:
             if not opt.is_file():
                 raise SystemExit(f"error: {path}: optin names {opt}, which is not a file")
+            if _optin:  # checked now, not when the report names it after the runs (an opt-in extends this file)
+                cls.load(opt, _optin=False)
         return suite
 
     def selection(self, quick: bool) -> tuple[list[dict[str, Any]], list[int], list[str] | None]:
@@ -191,9 +193,9 @@ def job_overrides(job: Job) -> list[str]:
 
 
 def settings_differ(job: Job) -> str | None:
-    """The first difference between the overrides a run on disk was made with and the job's, or None when they
-    agree or the run left no record of them. A suite file edited after its runs (another lr, base, arm) must not
-    pass the old runs off as the new setting's."""
+    """How the overrides a run on disk was made with differ from the job's (the ones only the run has, the ones
+    only the job has), or None when they agree or the run left no record of them. A suite file edited after its
+    runs (another lr, base, arm) must not pass the old runs off as the new setting's."""
     try:
         made = yaml.safe_load((job.run_dir / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):

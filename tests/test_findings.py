@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -304,7 +305,7 @@ def test_every_arm_of_every_committed_suite_file_is_a_valid_run(path):
         assert run.objective.name == next(o for o in overrides if o.startswith("objective=")).split("=")[1], arm
 
 
-def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_report(tmp_path):
+def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_report(tmp_path, capsys):
     """An opt-in suite inherits the base, seeds and arms, adds an arm, decides its own claims on the shared run
     folder's runs (arm a's are the suite's own), and the suite's FINDINGS.md names it; bad files fail in one line."""
     path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
@@ -341,6 +342,15 @@ def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_re
     path.write_text(yaml.safe_dump({**main, "optin": ["nowhere.yaml"]}))
     with pytest.raises(SystemExit, match="optin names .*nowhere.yaml, which is not a file"):
         suite_mod.Suite.load(path)
+    # A broken opt-in file fails the suite's own load, before any run, not its report after them.
+    path.write_text(yaml.safe_dump({**main, "optin": ["optin/suite.yaml"]}))
+    bad = {**claim, "parts": [{**claim["parts"][0], "b": "zz"}]}
+    opt.write_text(yaml.safe_dump({"extends": "../suite.yaml", "claims": [bad]}))
+    shutil.rmtree(tmp_path / "runs" / "c" / "seed0")  # a run the suite would start
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="optin/suite.yaml: claim 3 names arm 'zz', not in arms"):
+        suite_mod.main(["--suite", str(path)])
+    assert "findings:" not in capsys.readouterr().out  # no run was started
 
 
 def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_files(tmp_path, capsys):
