@@ -12,7 +12,8 @@ processes, `jobs` at a time with one thread each, in findings/runs/<arm>/seed<k>
 completed is not run again, so an interrupted suite resumes where it stopped. A failed run is reported in
 FINDINGS.md with its error, the comparisons that needed it become inconclusive, and the exit code is non-zero. A
 completed run whose recorded overrides (`.hydra/overrides.yaml`) differ from what the suite file now asks is
-*stale*: a pass runs it again, and `--report-only` reports it as failed, saying how it differs.
+*stale*: a pass runs it again, and `--report-only` reports it as failed, saying how it differs. A run that another
+live suite process is running (two suites sharing a run folder through `runs:`) is left to it.
 """
 
 from __future__ import annotations
@@ -261,12 +262,17 @@ def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
     made with other settings than the suite file's is run again."""
     on_disk = {j: job_status(j) for j in jobs}
     status = {j: "completed" for j, st in on_disk.items() if st == "completed"}
-    todo = [j for j in jobs if j not in status]
-    stale = sum(st == "stale" for st in on_disk.values())
-    again = f", {stale} of them made with other settings than the suite file's" if stale else ""
+    # A run another live process holds (a second suite on a shared run folder, `runs:`) is left to it: starting it
+    # here would first delete the directory it is writing.
+    elsewhere = [j for j in jobs if j not in status and (locked_by(_log(j)) is not None or holder(j.run_dir))]
+    todo = [j for j in jobs if j not in status and j not in elsewhere]
+    stale = sum(on_disk[j] == "stale" for j in todo)
+    notes = [f"{stale} of them made with other settings than the suite file's"] if stale else []
+    notes += [f"{len(elsewhere)} running in another process, left to it"] if elsewhere else []
     print(
-        f"findings: {len(jobs)} runs, {len(status)} already complete, {len(todo)} to run{again} ({workers} at a time)"
-    )
+        f"findings: {len(jobs)} runs, {len(status)} already complete, {len(todo)} to run"
+        + "".join(f", {n}" for n in notes) + f" ({workers} at a time)"
+    )  # fmt: skip
     t0, done = time.time(), 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for fut in as_completed([pool.submit(run_one, j) for j in todo]):

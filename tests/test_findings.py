@@ -392,6 +392,34 @@ def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_fil
     assert "objective=nope is not an option" in (run_dir.parent / "seed0.log").read_text()
 
 
+def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
+    """Two suites on one run folder (`runs:`): a job whose log another live process holds is not started again
+    (which would first delete the directory that process writes); it counts as not run yet, and once the lock is
+    gone the next pass runs it (a real run.py, refused on an unknown objective)."""
+    import fcntl
+
+    suite = {
+        "base": ["rollout=hf", "logger=none"], "seeds": [0], "arms": {"bad": ["objective=nope"]},
+        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
+            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
+    }  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    log = tmp_path / "runs" / "bad" / "seed0.log"
+    log.parent.mkdir(parents=True)
+    with open(log, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # what run_one holds while its run goes
+        assert suite_mod.main(["--suite", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 runs, 0 already complete, 0 to run, 1 running in another process, left to it" in out
+    assert "[1/" not in out and not (tmp_path / "runs" / "bad" / "seed0").exists()
+    doc = json.loads((tmp_path / "findings.json").read_text())
+    assert doc["runs_not_run"] == 1 and doc["failed_runs"] == 0
+    assert suite_mod.main(["--suite", str(path)]) == 1  # the lock is gone: this pass runs it
+    assert "[1/1] arm=bad seed=0 done in" in capsys.readouterr().out
+    assert "objective=nope is not an option" in log.read_text()
+
+
 def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(tmp_path):
     """`--report-only` while the suite still runs: a run whose summary says "running" and whose lock a live process
     holds is unfinished, not failed; once nobody holds the lock, the same summary is a run that died."""
