@@ -168,9 +168,10 @@ def evaluate_claims(
         first = m.iloc[0] if ok and not m.empty else {}
         row["mismatch_abs_mean_step1"] = float(first.get("mismatch/abs_prob_diff_mean", math.nan))
         row["mismatch_abs_max_step1"] = float(first.get("mismatch/abs_prob_diff_max", math.nan))
-        row["error"] = "" if ok else run_error(job.run_dir)
         if status.get(job) == "stale":
             row["error"] = f"stale: {settings_differ(job)}; a pass of the suite (not --report-only) runs it again"
+        else:
+            row["error"] = "" if ok else run_error(job.run_dir)
         rows.append(row)
         if ok and not m.empty:
             frames.append(m.assign(run=str(job.run_dir), arm=job.arm, seed=job.seed))
@@ -313,7 +314,7 @@ def write_report(
         "arms": arms,
         "arms_figure": arms_figure(arms, out),
         "runs_not_run": int((per_run["status"] == "not run").sum()) if len(per_run) else 0,
-        "optin": [Path(os.path.relpath(o, suite.path.parent)).as_posix() for o in getattr(suite, "optin", [])],
+        "optin": [Path(os.path.relpath(o.path, suite.path.parent)).as_posix() for o in suite.optin],
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "findings.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
@@ -429,12 +430,12 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _optin_section(suite: Any) -> list[str]:
+def _optin_section(suite: Suite) -> list[str]:
     """The opt-in suites the suite file names (`optin:`): what runs there and how, so what does not fit the budget
     is named beside the verdicts."""
     lines = []
-    for path in getattr(suite, "optin", []):
-        opt = Suite.load(path)
+    for opt in suite.optin:
+        path = opt.path
         added = ", ".join(a for a in opt.arms if a not in suite.arms)
         ids = ", ".join(str(c["id"]) for c in opt.claims)
         shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path

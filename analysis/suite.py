@@ -59,7 +59,7 @@ class Suite:
     quick: dict[str, Any] = field(default_factory=dict)
     jobs: int = 2
     runs: Path | None = None  # the run folder when not <report folder>/runs (`runs:`, relative to the file)
-    optin: list[Path] = field(default_factory=list)  # opt-in suite files its report names (`optin:`)
+    optin: list[Suite] = field(default_factory=list)  # the opt-in suites its report names (`optin:`)
 
     @classmethod
     def load(cls, path: Path, _seen: tuple[Path, ...] = (), _optin: bool = True) -> Suite:
@@ -84,7 +84,6 @@ class Suite:
         suite = cls(
             path, list(raw["base"]), arms, list(raw["seeds"]), list(raw["claims"]), dict(raw.get("quick") or {}),
             int(raw.get("jobs", 2)), (path.parent / raw["runs"]).resolve() if "runs" in raw else None,
-            [path.parent / p for p in raw.get("optin", [])],
         )  # fmt: skip
         for claim in suite.claims:
             for arm in claim_arms(claim):
@@ -93,11 +92,11 @@ class Suite:
         for arm in suite.quick.get("arms", []):
             if arm not in suite.arms:
                 raise SystemExit(f"error: {path}: quick.arms names {arm!r}, not in arms")
-        for opt in suite.optin:
+        for name in raw.get("optin", []) if _optin else ():  # not through `extends`: an opt-in extends this file
+            opt = path.parent / name
             if not opt.is_file():
                 raise SystemExit(f"error: {path}: optin names {opt}, which is not a file")
-            if _optin:  # checked now, not when the report names it after the runs (an opt-in extends this file)
-                cls.load(opt, _optin=False)
+            suite.optin.append(cls.load(opt, _optin=False))  # checked now, before any run, not by the report after
         return suite
 
     def selection(self, quick: bool) -> tuple[list[dict[str, Any]], list[int], list[str] | None]:
@@ -226,12 +225,17 @@ def disk_status(job: Job) -> str:
     running suite): unfinished is not failed. A run is still going while a live suite holds its log (from before
     run.py starts, so its first seconds too) or a live run.py holds its lock; a "running" summary that neither
     holds is a run that died, and counts as failed."""
-    log = _log(job)
-    if locked_by(log) is not None:  # the kernel drops a dead suite's lock: nothing stale to clean up
+    if running(job):
         return "not run"
     if status := job_status(job):
-        return "not run" if status == "running" and holder(job.run_dir) is not None else status
-    return "failed" if log.exists() else "not run"
+        return status
+    return "failed" if _log(job).exists() else "not run"
+
+
+def running(job: Job) -> bool:
+    """Whether a live process has the run: a suite holds its log (from before run.py starts), or run.py its run
+    directory's lock. The kernel drops a dead holder's lock, so nothing stale needs cleaning up."""
+    return locked_by(_log(job)) is not None or holder(job.run_dir) is not None
 
 
 def _log(job: Job) -> Path:
@@ -264,7 +268,7 @@ def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
     status = {j: "completed" for j, st in on_disk.items() if st == "completed"}
     # A run another live process holds (a second suite on a shared run folder, `runs:`) is left to it: starting it
     # here would first delete the directory it is writing.
-    elsewhere = [j for j in jobs if j not in status and (locked_by(_log(j)) is not None or holder(j.run_dir))]
+    elsewhere = [j for j in jobs if j not in status and running(j)]
     todo = [j for j in jobs if j not in status and j not in elsewhere]
     stale = sum(on_disk[j] == "stale" for j in todo)
     notes = [f"{stale} of them made with other settings than the suite file's"] if stale else []

@@ -62,6 +62,20 @@ def make_suite(tmp_path: Path, arms: dict[str, list[float]], failed: tuple[str, 
     return path
 
 
+def refused_suite(folder: Path) -> Path:
+    """A one-run suite whose only arm run.py refuses (an unknown objective): a real run.py process, ended in
+    seconds."""
+    suite = {
+        "base": ["rollout=hf", "logger=none"], "seeds": [0], "arms": {"bad": ["objective=nope"]},
+        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
+            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
+    }  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
 def report(path: Path) -> dict:
     code = suite_mod.main(["--suite", str(path), "--report-only"])
     doc = json.loads((path.parent / "findings.json").read_text())
@@ -269,15 +283,7 @@ def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, c
     """A real run.py process refused on a bad override (no run directory, no summary.json): the progress line
     says failed, FINDINGS.md carries run.py's one-line error from the run's log, the suite exits non-zero, and a
     later --report-only still counts it failed, not "not run"."""
-    suite = {
-        "base": ["rollout=hf", "logger=none"],
-        "seeds": [0],
-        "arms": {"bad": ["objective=nope"]},
-        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
-            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
-    }  # fmt: skip
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
+    path = refused_suite(tmp_path)
     assert suite_mod.main(["--suite", str(path)]) == 1
     assert "[1/1] arm=bad seed=0 done in" in capsys.readouterr().out
     for args in ([], ["--report-only"]):
@@ -372,14 +378,7 @@ def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_fil
     assert failed == [{"seed": 1, "error": "stale: made with trainer.lr=2e-4 where the suite file now says nothing; "
                        "a pass of the suite (not --report-only) runs it again"}]  # fmt: skip
 
-    suite = {
-        "base": ["rollout=hf", "logger=none"], "seeds": [0], "arms": {"bad": ["objective=nope"]},
-        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
-            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
-    }  # fmt: skip
-    path = tmp_path / "real" / "suite.yaml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(suite))
+    path = refused_suite(tmp_path / "real")
     run_dir = tmp_path / "real" / "runs" / "bad" / "seed0"
     write_run(run_dir, [0.5] * 4, 0.5)
     (run_dir / ".hydra").mkdir()
@@ -398,13 +397,7 @@ def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
     gone the next pass runs it (a real run.py, refused on an unknown objective)."""
     import fcntl
 
-    suite = {
-        "base": ["rollout=hf", "logger=none"], "seeds": [0], "arms": {"bad": ["objective=nope"]},
-        "claims": [{"id": 1, "claim": "bad > 0", "paper": "Fig. X", "parts": [
-            {"a": "bad", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater", "min_seeds": 2}}]}],
-    }  # fmt: skip
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
+    path = refused_suite(tmp_path)
     log = tmp_path / "runs" / "bad" / "seed0.log"
     log.parent.mkdir(parents=True)
     with open(log, "w") as held:
