@@ -81,9 +81,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    name: Literal["fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout"] = field(
-        default="fp32", metadata={"help": "rollout copy and training precision (DESIGN.md precision table)"}
-    )
+    name: Literal[
+        "fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout", "w4a4_rollout_bf16"
+    ] = field(default="fp32", metadata={"help": "rollout copy and training precision (DESIGN.md precision table)"})
 
 
 @dataclass(frozen=True)
@@ -423,7 +423,7 @@ def _check_combinations(run: RunConfig) -> None:
             f"rollout.max_topk: {run.rollout.max_topk} is smaller than objective.topk = {run.objective.topk} "
             f"({run.objective.name} needs K = {run.objective.topk} log-probs per token)"
         )
-    if run.rollout.engine != "hf" and run.precision.name in ("w8a8_rollout", "w4a4_rollout", "w3a8_rollout"):
+    if run.rollout.engine != "hf" and run.precision.name.startswith(("w8a8_", "w4a4_", "w3a8_")):
         raise ValueError(
             f"precision.name: {run.precision.name} quantises the rollout copy's activations, which only rollout=hf "
             "simulates; use rollout=hf"

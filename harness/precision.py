@@ -9,6 +9,7 @@
 | w8a8_rollout| int8 weights + int8 activations      | fp32                                      |
 | w4a4_rollout| int4 weights + int4 activations      | fp32                                      |
 | w3a8_rollout| int3 weights + int8 activations      | fp32                                      |
+| w4a4_rollout_bf16 | int4 weights + int4 activations | bf16 autocast, fp32 master weights        |
 
 The `w*a*_rollout` rows (harness.quant) round the rollout copy's Linear inputs per token as well as its weights,
 so the engine's error depends on each input and grows with the policy's range, while training stays fp32 (cheap
@@ -40,7 +41,16 @@ from torch import nn
 
 from harness.quant import QuantSpec, fp8_quantize_dequantize, is_body_weight, quantize_state_dict
 
-PRECISIONS = ("fp32", "bf16", "fp8_rollout", "fp8_e2e", "w8a8_rollout", "w4a4_rollout", "w3a8_rollout")
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp8_rollout",
+    "fp8_e2e",
+    "w8a8_rollout",
+    "w4a4_rollout",
+    "w3a8_rollout",
+    "w4a4_rollout_bf16",
+)
 StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
@@ -77,6 +87,16 @@ _TABLE = {
             ("w3a8_rollout", "int3", "int8"),
         )
     },
+    # The DPPO sanity test trains in BF16 "to expose numerical instabilities" (papers.md, section 5): the W4A4
+    # mismatch source beside that training precision.
+    "w4a4_rollout_bf16": Precision(
+        "w4a4_rollout_bf16",
+        torch.float32,
+        False,
+        torch.bfloat16,
+        False,
+        rollout_quant=QuantSpec(weights="int4", activations="int4"),
+    ),
 }
 
 

@@ -51,6 +51,14 @@ def test_precision_table_and_engine_check() -> None:
     assert precision.rollout_weight_transform("w4a4_rollout") is not None
     with pytest.raises(ValueError, match="only rollout=hf simulates"):
         validate(compose("precision=w4a4_rollout", "rollout=vllm"))
+    # The sanity test's BF16 training beside the same W4A4 copy: only the trainer's autocast differs.
+    bf16 = precision.get("w4a4_rollout_bf16")
+    assert bf16.train_autocast == torch.bfloat16 and bf16.rollout_quant == spec.rollout_quant
+    assert bf16.rollout_dtype == torch.float32 and not bf16.rollout_fp8 and not bf16.train_fp8
+    assert precision.rollout_weight_transform("w4a4_rollout_bf16") is not None
+    with pytest.raises(ValueError, match="only rollout=hf simulates"):
+        validate(compose("precision=w4a4_rollout_bf16", "rollout=vllm"))
+    assert validate(compose("precision=w4a4_rollout_bf16", "rollout=hf")).precision.name == "w4a4_rollout_bf16"
     with pytest.raises(ValueError, match="only rollout=hf adds logit noise"):
         validate(compose("rollout=vllm", "rollout.logit_noise=0.5"))
     assert validate(compose("precision=w4a4_rollout", "rollout=hf", "rollout.logit_noise=1.0")).rollout.logit_noise == 1
