@@ -12,14 +12,15 @@ processes, `jobs` at a time with one thread each, in findings/runs/<arm>/seed<k>
 completed is not run again, so an interrupted suite resumes where it stopped. A failed run is reported in
 FINDINGS.md with its error, the comparisons that needed it become inconclusive, and the exit code is non-zero. A
 completed run whose recorded overrides (`.hydra/overrides.yaml`) differ from what the suite file now asks is
-*stale*: a pass runs it again, and `--report-only` reports it as failed, saying how it differs. A run that another
-live suite process is running (two suites sharing a run folder through `runs:`) is left to it.
+*stale*: a pass runs it again, and `--report-only` reports it as failed, saying how it differs. A pass claims each
+job (an flock on `<arm>/.seed<k>.claim`) before it touches the run, so a run that another live suite process has
+claimed (two suites sharing a run folder through `runs:`) is left to it, whenever that process took it.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl  # run_one's lock on a run's log; harness.loop.lock.locked_by reads it
+import fcntl  # run_one's claim on a job; harness.loop.lock.locked_by reads it
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ from harness.loop.lock import holder, locked_by
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
+ELSEWHERE = "elsewhere"  # run_one: another live process has the job
 
 
 @dataclass(frozen=True)
@@ -233,9 +235,15 @@ def disk_status(job: Job) -> str:
 
 
 def running(job: Job) -> bool:
-    """Whether a live process has the run: a suite holds its log (from before run.py starts), or run.py its run
+    """Whether a live process has the run: a suite holds its claim (from before run.py starts), or run.py its run
     directory's lock. The kernel drops a dead holder's lock, so nothing stale needs cleaning up."""
-    return locked_by(_log(job)) is not None or holder(job.run_dir) is not None
+    return locked_by(claim_path(job)) is not None or holder(job.run_dir) is not None
+
+
+def claim_path(job: Job) -> Path:
+    """The file a suite process flocks while it runs the job: two suites on one run folder (`runs:`) never run,
+    and so never delete, the same job at once."""
+    return job.run_dir.parent / f".seed{job.seed}.claim"
 
 
 def _log(job: Job) -> Path:
@@ -244,21 +252,26 @@ def _log(job: Job) -> Path:
 
 def run_one(job: Job) -> tuple[Job, str, float]:
     """One run.py process with one thread, from scratch (an unfinished earlier attempt is removed); its console
-    output goes to seed<k>.log beside the run directory."""
-    shutil.rmtree(job.run_dir, ignore_errors=True)
+    output goes to seed<k>.log beside the run directory. The job is claimed first and checked again under the
+    claim, so a job another live process took, or completed, since this pass began is left as it is
+    (status ELSEWHERE, or "completed")."""
     job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, str(ROOT / "run.py"), *job_overrides(job), f"hydra.run.dir={job.run_dir}"]
-    t0 = time.time()
-    log = _log(job)
-    fresh = log.with_name(log.name + ".new")
-    with open(fresh, "w", encoding="utf-8") as out:
-        # Locked before it takes the log's name, and held until the run ends: `--report-only` never sees this
-        # run's log unlocked while the run goes.
-        fcntl.flock(out, fcntl.LOCK_EX)
-        fresh.replace(log)
-        subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
-    return job, run_status(job.run_dir) or "failed", time.time() - t0
+    with open(claim_path(job), "a", encoding="utf-8") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return job, ELSEWHERE, 0.0
+        if holder(job.run_dir) is not None:  # a run.py started by hand on this directory
+            return job, ELSEWHERE, 0.0
+        if job_status(job) == "completed":
+            return job, "completed", 0.0
+        shutil.rmtree(job.run_dir, ignore_errors=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [sys.executable, str(ROOT / "run.py"), *job_overrides(job), f"hydra.run.dir={job.run_dir}"]
+        t0 = time.time()
+        with open(_log(job), "w", encoding="utf-8") as out:
+            subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        return job, run_status(job.run_dir) or "failed", time.time() - t0
 
 
 def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
@@ -281,8 +294,11 @@ def run_jobs(jobs: list[Job], workers: int) -> dict[Job, str]:
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for fut in as_completed([pool.submit(run_one, j) for j in todo]):
             job, st, secs = fut.result()
-            status[job] = st
             done += 1
+            if st == ELSEWHERE:  # taken by another process since this pass began: its status is read from disk
+                print(f"[{done}/{len(todo)}] arm={job.arm} seed={job.seed} running in another process, left to it")
+                continue
+            status[job] = st
             line = job_line(
                 [f"arm={job.arm}", f"seed={job.seed}"], ["arm", "seed"], job.arm, st, done, len(todo), secs,
                 time.time() - t0,

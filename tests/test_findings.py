@@ -392,7 +392,7 @@ def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_fil
 
 
 def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
-    """Two suites on one run folder (`runs:`): a job whose log another live process holds is not started again
+    """Two suites on one run folder (`runs:`): a job another live process has claimed is not started again
     (which would first delete the directory that process writes); it counts as not run yet, and once the lock is
     gone the next pass runs it (a real run.py, refused on an unknown objective)."""
     import fcntl
@@ -400,7 +400,7 @@ def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
     path = refused_suite(tmp_path)
     log = tmp_path / "runs" / "bad" / "seed0.log"
     log.parent.mkdir(parents=True)
-    with open(log, "w") as held:
+    with open(log.parent / ".seed0.claim", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # what run_one holds while its run goes
         assert suite_mod.main(["--suite", str(path)]) == 0
     out = capsys.readouterr().out
@@ -411,6 +411,28 @@ def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
     assert suite_mod.main(["--suite", str(path)]) == 1  # the lock is gone: this pass runs it
     assert "[1/1] arm=bad seed=0 done in" in capsys.readouterr().out
     assert "objective=nope is not an option" in log.read_text()
+
+
+def test_a_job_claimed_or_completed_after_the_pass_began_is_left_as_it_is(tmp_path):
+    """The pass checks which jobs are taken when it starts; a second suite may claim a job, or finish it, while
+    this pass works through the others. run_one checks again under its own claim: it neither deletes the other
+    process's run directory nor runs a job that has completed since."""
+    import fcntl
+
+    run_dir = tmp_path / "runs" / "bad" / "seed0"
+    job = suite_mod.Job("bad", 0, ("rollout=hf", "objective=nope"), run_dir)
+    write_run(run_dir, [0.5] * 4, 0.5, status="running")  # the other process's run, half written
+    with open(suite_mod.claim_path(job), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert suite_mod.running(job) and suite_mod.disk_status(job) == "not run"
+        assert suite_mod.run_one(job)[1] == suite_mod.ELSEWHERE
+    assert (run_dir / "metrics.jsonl").exists() and not (run_dir.parent / "seed0.log").exists()
+
+    write_run(run_dir, [0.5] * 4, 0.5)  # it completed, with the job's own overrides
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(suite_mod.job_overrides(job)))
+    assert suite_mod.run_one(job)[1:] == ("completed", 0.0)
+    assert (run_dir / "metrics.jsonl").exists() and not (run_dir.parent / "seed0.log").exists()
 
 
 def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(tmp_path):
@@ -434,23 +456,23 @@ def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(t
 
 def test_report_only_counts_a_run_in_its_first_seconds_not_run(tmp_path):
     """Before run.py takes its run directory's lock (imports, config checks) only the suite's log of the run
-    exists; the suite holds that log while the run goes, so a report beside it reads the run as unfinished. Here
+    exists; the suite holds its claim on the run until it ends, so a report beside it reads the run as unfinished. Here
     the run is refused (an unknown objective) and, once it has ended, counts as failed."""
     import threading
     import time
 
     make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
-    run_dir = tmp_path / "runs" / "a" / "seed1"
-    job = suite_mod.Job("a", 1, ("rollout=hf", "objective=no_such_objective"), run_dir)
+    run_dir = tmp_path / "runs" / "a" / "seed9"  # a seed the suite's completed runs lack
+    job = suite_mod.Job("a", 9, ("rollout=hf", "objective=no_such_objective"), run_dir)
     thread = threading.Thread(target=suite_mod.run_one, args=(job,))
     thread.start()
     seen = []
     while thread.is_alive():
-        if (run_dir.parent / "seed1.log").exists():
+        if (run_dir.parent / "seed9.log").exists():
             seen.append(suite_mod.disk_status(job))
         time.sleep(0.01)  # leave the other core to run.py
     thread.join()
-    log = (run_dir.parent / "seed1.log").read_text()
+    log = (run_dir.parent / "seed9.log").read_text()
     assert "no_such_objective" in log and not (run_dir / "summary.json").exists()
     # Unfinished from the moment the log appears; failed only once the run has ended and let go of it.
     going = seen.index("failed") if "failed" in seen else len(seen)
