@@ -108,12 +108,14 @@ def test_joblib_sweep_isolates_a_failed_job(tmp_path, small_model):
     assert failed["objective"] == "dppo" and "harness/loop/state.py" in failed["traceback"]
 
 
-def test_joblib_workers_get_one_thread_each():
-    """The joblib test above relies on this: loky gives each of n_jobs=-1 workers cores // n_jobs = 1 thread."""
+def test_joblib_workers_get_one_thread_each(monkeypatch):
+    """The joblib test above relies on this: loky gives each of n_jobs=-1 workers cores // n_jobs = 1 thread
+    (unless the caller's own OMP_NUM_THREADS, which loky passes on, says otherwise)."""
     import joblib
 
     from harness.cli import threads_from_env
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if joblib.cpu_count() < 2:
         pytest.skip("one core: joblib runs the jobs in this process, one after another")
     assert joblib.Parallel(n_jobs=-1)(joblib.delayed(threads_from_env)() for _ in range(2)) == [1, 1]
