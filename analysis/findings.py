@@ -319,7 +319,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     (out / "findings.json").write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
     per_run.to_csv(out / "runs.csv", index=False)
-    (out / "FINDINGS.md").write_text(markdown(doc, suite, failed), encoding="utf-8")
+    (out / "FINDINGS.md").write_text(markdown(doc, suite, failed, out), encoding="utf-8")
     return int(len(failed))
 
 
@@ -379,7 +379,7 @@ def _json_default(x: Any) -> Any:
     raise TypeError(type(x))
 
 
-def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
+def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -> str:
     lines = [
         "# Findings on 2 CPU cores",
         "",
@@ -403,7 +403,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
             f"| {e['id']}. {e['claim']} | {e['paper']} | {e['metric']} | {_fmt(e['effect'])} | "
             f"[{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] | {e['seeds']} | **{e['verdict']}** | {fig} |"
         )
-    lines += _optin_section(suite)
+    lines += _optin_section(suite, out)
     lines += _arms_section(doc)
     lines += ["", "## Parts of each claim", ""]
     for e in doc["claims"]:
@@ -430,9 +430,10 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _optin_section(suite: Suite) -> list[str]:
+def _optin_section(suite: Suite, out: Path) -> list[str]:
     """The opt-in suites the suite file names (`optin:`): what runs there and how, so what does not fit the budget
-    is named beside the verdicts."""
+    is named beside the verdicts; the link is relative to the report's own folder (`out`: a replication writes
+    into `seeds_<seeds>/`)."""
     lines = []
     for opt in suite.optin:
         path = opt.path
@@ -440,7 +441,7 @@ def _optin_section(suite: Suite) -> list[str]:
         ids = ", ".join(str(c["id"]) for c in opt.claims)
         shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
         report = (path.parent / "FINDINGS.md").resolve()
-        link = Path(os.path.relpath(report, suite.path.parent.resolve())).as_posix()
+        link = Path(os.path.relpath(report, Path(out).resolve())).as_posix()
         done = f"its report: [{link}]({link})" if report.exists() else f"its report, once run: {link}"
         lines.append(
             f"- `python -m analysis.suite --suite {shown}`: more parts of claims {ids}, on arms {added} "

@@ -337,6 +337,15 @@ def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_re
     md = (tmp_path / "FINDINGS.md").read_text()
     assert f"`python -m analysis.suite --suite {opt}`: more parts of claims 3, on arms d" in md
     assert "its report: [optin/FINDINGS.md](optin/FINDINGS.md)" in md
+    # A replication's report lies one folder down (seeds_<seeds>/): its link still reaches the opt-in report.
+    for seed in (7, 8, 9):
+        for arm in ("a", "b", "c"):
+            write_run(tmp_path / "seeds_7-9" / "runs" / arm / f"seed{seed}", [0.5] * 4, 0.5)
+    suite_mod.main(["--suite", str(path), "--report-only", "--seeds", "7-9"])
+    (opt.parent / "FINDINGS.md").write_text("the opt-in report")
+    suite_mod.main(["--suite", str(path), "--report-only", "--seeds", "7-9"])
+    md = (tmp_path / "seeds_7-9" / "FINDINGS.md").read_text()
+    assert "its report: [../optin/FINDINGS.md](../optin/FINDINGS.md)" in md
 
     def fails(text: dict, match: str) -> None:
         opt.write_text(yaml.safe_dump(text))
