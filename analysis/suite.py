@@ -224,7 +224,7 @@ def disk_status(job: Job) -> str:
     """What a run left on disk: its summary's status ("stale" when it completed with other settings than the
     suite file's); "failed" when only the suite's log of it exists (refused before its directory was made, e.g.
     a bad override); "not run" when neither does, or when the run is still going (`--report-only` beside a
-    running suite): unfinished is not failed. A run is still going while a live suite holds its log (from before
+    running suite): unfinished is not failed. A run is still going while a live suite holds its claim (from before
     run.py starts, so its first seconds too) or a live run.py holds its lock; a "running" summary that neither
     holds is a run that died, and counts as failed."""
     if running(job):

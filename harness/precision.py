@@ -41,16 +41,6 @@ from torch import nn
 
 from harness.quant import QuantSpec, fp8_quantize_dequantize, is_body_weight, quantize_state_dict
 
-PRECISIONS = (
-    "fp32",
-    "bf16",
-    "fp8_rollout",
-    "fp8_e2e",
-    "w8a8_rollout",
-    "w4a4_rollout",
-    "w3a8_rollout",
-    "w4a4_rollout_bf16",
-)
 StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
@@ -98,6 +88,7 @@ _TABLE = {
         rollout_quant=QuantSpec(weights="int4", activations="int4"),
     ),
 }
+PRECISIONS = tuple(_TABLE)
 
 
 def get(name: str) -> Precision:

@@ -59,6 +59,16 @@ def test_precision_table_and_engine_check() -> None:
     with pytest.raises(ValueError, match="only rollout=hf simulates"):
         validate(compose("precision=w4a4_rollout_bf16", "rollout=vllm"))
     assert validate(compose("precision=w4a4_rollout_bf16", "rollout=hf")).precision.name == "w4a4_rollout_bf16"
+    # The config check (torch-free, so by name) refuses exactly the presets whose rollout copy rounds activations.
+    for name in precision.PRECISIONS:
+        refused = True
+        try:
+            validate(compose(f"precision={name}", "rollout=vllm"))
+        except ValueError as e:
+            assert "only rollout=hf simulates" in str(e)
+        else:
+            refused = False
+        assert refused == (precision.get(name).rollout_quant is not None), name
     with pytest.raises(ValueError, match="only rollout=hf adds logit noise"):
         validate(compose("rollout=vllm", "rollout.logit_noise=0.5"))
     assert validate(compose("precision=w4a4_rollout", "rollout=hf", "rollout.logit_noise=1.0")).rollout.logit_noise == 1
