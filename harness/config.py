@@ -75,6 +75,9 @@ class ModelConfig:
     sft_lr: float = field(default=1e-3, metadata={"gt": 0})
     sft_batch: int = field(default=64, metadata={"ge": 1})
     corpus_size: int = field(default=60000, metadata={"ge": 100, "help": "tokenizer training lines"})
+    unused_tokens: int = field(
+        default=0, metadata={"ge": 0, "help": "tokens added to the vocabulary that the task never uses (a tail)"}
+    )
     init_seed: int = field(default=0, metadata={"ge": 0, "help": "seed of the tiny model's build (not the run's)"})
     cache_dir: str | None = field(default=None, metadata={"help": "where built models are cached; null = default"})
 

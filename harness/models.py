@@ -83,6 +83,10 @@ class TinyModelConfig:
     seed: int = 0
     corpus_size: int = 60000
     """Problems sampled (kinds in equal shares) whose question and demonstration strings train the BPE."""
+    unused_tokens: int = 0
+    """Tokens appended to the BPE vocabulary that no task string contains (`<|unused0|>`, ...): the untouched tail
+    of a large model's vocabulary, whose logits the warm start only ever pushes down. A sampled one decodes as its
+    own text, so it spoils the answer, as a stray token does at scale."""
 
     def __post_init__(self) -> None:
         positive = (
@@ -93,7 +97,7 @@ class TinyModelConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"TinyModelConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("sft_steps", "sft_warmup", "seed"):
+        for name in ("sft_steps", "sft_warmup", "seed", "unused_tokens"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"TinyModelConfig.{name} must be an integer >= 0, got {value!r}")
@@ -119,10 +123,10 @@ def default_cache_dir() -> Path:
 
 def tiny_model_dir(cfg: TinyModelConfig, task: ArithConfig, cache_dir: Path) -> Path:
     """Where ``build_tiny`` keeps the model for these configs: ``cache_dir/tiny-<hash>``."""
-    key = json.dumps(
-        {"build": BUILD_VERSION, "model": dataclasses.asdict(cfg), "task": dataclasses.asdict(task)},
-        sort_keys=True,
-    )
+    model = dataclasses.asdict(cfg)
+    if not model["unused_tokens"]:  # added after the pools were measured: the models without it keep their names
+        del model["unused_tokens"]
+    key = json.dumps({"build": BUILD_VERSION, "model": model, "task": dataclasses.asdict(task)}, sort_keys=True)
     return Path(cache_dir) / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -288,7 +292,7 @@ def _train_tokenizer(train: list[Problem], cfg: TinyModelConfig, rng: random.Ran
             show_progress=False,
         ),
     )
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=EOS,
         pad_token=PAD,
@@ -296,6 +300,9 @@ def _train_tokenizer(train: list[Problem], cfg: TinyModelConfig, rng: random.Ran
         chat_template=CHAT_TEMPLATE,
         model_max_length=cfg.max_position_embeddings,
     )
+    # Plain (not special) added tokens: decoding keeps them in the text, where they break the answer's format.
+    tokenizer.add_tokens([f"<|unused{i}|>" for i in range(cfg.unused_tokens)])
+    return tokenizer
 
 
 def _sft(

@@ -72,6 +72,39 @@ def test_build_is_deterministic(built: Path, tmp_path: Path):
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
 
 
+def test_unused_tokens_are_a_tail_the_warm_start_pushes_down(built: Path, tmp_path: Path):
+    """model.unused_tokens appends tokens no task string contains: the vocabulary grows by exactly that many, the
+    default model keeps its cache name (its pools name it), a sampled one stays in the decoded text (where it
+    spoils the answer), and SFT takes probability away from them."""
+    import dataclasses
+
+    tailed = dataclasses.replace(SMALL, unused_tokens=50, sft_steps=30)
+    assert tiny_model_dir(dataclasses.replace(SMALL, unused_tokens=0), TASK, tmp_path) == tiny_model_dir(
+        SMALL, TASK, tmp_path
+    )
+    assert tiny_model_dir(tailed, TASK, tmp_path) != tiny_model_dir(
+        dataclasses.replace(tailed, unused_tokens=0), TASK, tmp_path
+    )
+    model, tok = load_policy(str(build_tiny(tailed, TASK, tmp_path, progress=False)))
+    _, plain = load_policy(str(built))
+    assert len(tok) == len(plain) + 50 == model.config.vocab_size
+    first, last = tok.convert_tokens_to_ids(["<|unused0|>", "<|unused49|>"])
+    assert (first, last) == (len(plain), len(plain) + 49)
+    answer = (
+        tok("\\boxed{1", add_special_tokens=False)["input_ids"]
+        + [first]
+        + tok("}", add_special_tokens=False)["input_ids"]
+    )
+    assert tok.decode(answer, skip_special_tokens=True) == "\\boxed{1<|unused0|>}"
+    untrained, _ = load_policy(
+        str(build_tiny(dataclasses.replace(tailed, sft_steps=0), TASK, tmp_path, progress=False))
+    )
+    ids = tok([render(tok, "What is 3+4*5?")], return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        tail = [m(**ids).logits[0, -1].softmax(-1)[first:].sum().item() for m in (untrained, model)]
+    assert tail[1] < tail[0] < 0.2, tail  # 50 of ~350 tokens start near a uniform share, then lose mass
+
+
 # The digest of everything the tiny model is built from besides its configs, for each BUILD_VERSION. The cache key
 # (tiny_model_dir) holds the configs only, so a change to a question, a demonstration or the chat template would
 # otherwise reuse a stale cached model, and the sanity pools' pass rates would belong to a model no one builds.

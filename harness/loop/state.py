@@ -392,6 +392,7 @@ def tiny_spec(cfg: RunConfig) -> tuple[TinyModelConfig, ArithConfig, Path]:
         sft_batch=m.sft_batch,
         seed=m.init_seed,
         corpus_size=m.corpus_size,
+        unused_tokens=m.unused_tokens,
     )
     cache = Path(m.cache_dir).expanduser() if m.cache_dir else default_cache_dir()
     return tiny, arith_config(cfg.data), cache
