@@ -85,8 +85,8 @@ class TinyModelConfig:
     """Problems sampled (kinds in equal shares) whose question and demonstration strings train the BPE."""
     unused_tokens: int = 0
     """Tokens appended to the BPE vocabulary that no task string contains (`<|unused0|>`, ...): the untouched tail
-    of a large model's vocabulary, whose logits the warm start only ever pushes down. A sampled one decodes as its
-    own text, so it spoils the answer, as a stray token does at scale."""
+    of a large model's vocabulary, which no warm-start target ever is (so the warm start takes probability away from
+    it). A sampled one decodes as its own text, so it spoils the answer, as a stray token does at scale."""
 
     def __post_init__(self) -> None:
         positive = (

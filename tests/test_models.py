@@ -73,15 +73,12 @@ def test_build_is_deterministic(built: Path, tmp_path: Path):
 
 
 def test_unused_tokens_are_a_tail_the_warm_start_pushes_down(built: Path, tmp_path: Path):
-    """model.unused_tokens appends tokens no task string contains: the vocabulary grows by exactly that many, the
-    default model keeps its cache name (its pools name it), a sampled one stays in the decoded text (where it
-    spoils the answer), and SFT takes probability away from them."""
+    """model.unused_tokens appends tokens no task string contains: the vocabulary grows by exactly that many, a
+    sampled one stays in the decoded text (where it spoils the answer), and SFT takes probability away from them.
+    (That the default model keeps its cache name is test_pool.py's check of the name its pool records.)"""
     import dataclasses
 
     tailed = dataclasses.replace(SMALL, unused_tokens=50, sft_steps=30)
-    assert tiny_model_dir(dataclasses.replace(SMALL, unused_tokens=0), TASK, tmp_path) == tiny_model_dir(
-        SMALL, TASK, tmp_path
-    )
     assert tiny_model_dir(tailed, TASK, tmp_path) != tiny_model_dir(
         dataclasses.replace(tailed, unused_tokens=0), TASK, tmp_path
     )
