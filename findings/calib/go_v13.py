@@ -6,10 +6,8 @@ reference seed does. Usage: PYTHONPATH=. python findings/calib/go_v13.py [/tmp/c
 import sys
 from pathlib import Path
 
+from go_v6 import runs
 from scipy import stats
-
-sys.path.insert(0, str(Path(__file__).parent))
-from go_v6 import runs  # noqa: E402
 
 DEGRADED = -0.10
 
@@ -17,18 +15,19 @@ DEGRADED = -0.10
 def main(root: Path) -> bool:
     df = runs(root).sort_values(["arm", "seed"])
     change = {arm: g.set_index("seed").gain for arm, g in df.groupby("arm")}
+    degraded = {arm: int((c <= DEGRADED).sum()) for arm, c in change.items()}
     print(
         "| arm | seeds | held-out change per seed | median | degraded (<= -0.10) | wall s |\n|---|---|---|---|---|---|"
     )
     for arm in ("pgis", "dppo", "ref"):
         c, wall = change[arm], df[df.arm == arm].wall
         per_seed = " / ".join(f"{v:+.3f}" for v in c)
-        cells = [arm, str(len(c)), per_seed, f"{c.median():+.3f}", str(int((c <= DEGRADED).sum())),
+        cells = [arm, str(len(c)), per_seed, f"{c.median():+.3f}", str(degraded[arm]),
                  f"{wall.min():.0f}-{wall.max():.0f}"]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     p_ref = stats.mannwhitneyu(change["pgis"], change["ref"], alternative="less").pvalue
     p_dppo = stats.mannwhitneyu(change["pgis"], change["dppo"], alternative="less").pvalue
-    bad_pgis, bad_ref = int((change["pgis"] <= DEGRADED).sum()), int((change["ref"] <= DEGRADED).sum())
+    bad_pgis, bad_ref = degraded["pgis"], degraded["ref"]
     checks = {
         f"(a) PG-IS below the reference, Mann-Whitney one-sided p = {p_ref:.4f} <= 0.05": p_ref <= 0.05,
         f"(b) PG-IS below DPPO-TV, Mann-Whitney one-sided p = {p_dppo:.4f} <= 0.05": p_dppo <= 0.05,
