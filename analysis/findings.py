@@ -484,6 +484,8 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
 _UNDECIDABLE = {
     "greater": "within ±margin",
     "less": "within ±margin",
+    "greater_by": "at +margin",
+    "less_by": "at -margin",
     "noninferior": "at -margin",
     "equivalent": "at the band's edge",
 }

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from analysis.verdicts import Rule
 from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
 from harness.loop.lock import holder, locked_by
 
@@ -91,6 +92,11 @@ class Suite:
             for arm in claim_arms(claim):
                 if arm not in suite.arms:
                     raise SystemExit(f"error: {path}: claim {claim['id']} names arm {arm!r}, not in arms")
+            for part in claim.get("parts", []):  # a rule the report cannot apply must fail now, not after the runs
+                try:
+                    Rule(**part.get("rule", {}))
+                except (TypeError, ValueError) as e:
+                    raise SystemExit(f"error: {path}: claim {claim['id']}: rule {part.get('rule')!r}: {e}") from None
         for arm in suite.quick.get("arms", []):
             if arm not in suite.arms:
                 raise SystemExit(f"error: {path}: quick.arms names {arm!r}, not in arms")

@@ -11,6 +11,11 @@ Rules (`Rule.kind`):
 - `greater`: the claim says arm A scores higher than B. Reproduced when the interval lies above `margin`,
   contradicted when it lies below `-margin`, otherwise inconclusive.
 - `less`: the mirror image.
+- `greater_by`: the claim says A scores higher than B by at least `margin`. Reproduced when the interval lies above
+  `margin`, contradicted when it lies below `margin` (an effect as large as the claim's is excluded), otherwise
+  inconclusive. Unlike `greater`, which contradicts only past `-margin`, it leaves no band where no seed count
+  decides: an effect of 0 contradicts it once the interval is narrow enough (suite v5 onward).
+- `less_by`: the mirror image.
 - `noninferior`: the claim says A is at least as good as B. Reproduced when the interval lies above `-margin`,
   contradicted when it lies below `-margin`, otherwise inconclusive.
 - `equivalent`: the claim says A ~ B. Reproduced when the whole interval lies inside [-margin, margin],
@@ -34,13 +39,13 @@ from scipy import stats
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE)
-RULE_KINDS = ("greater", "less", "equivalent", "noninferior")
+RULE_KINDS = ("greater", "less", "greater_by", "less_by", "equivalent", "noninferior")
 
 
 @dataclass(frozen=True)
 class Rule:
     kind: str  # one of RULE_KINDS
-    margin: float = 0.0  # the smallest effect that counts (greater/less) or the equivalence band (equivalent)
+    margin: float = 0.0  # the smallest effect that counts (greater, less and their _by kinds) or the equivalence band
     min_seeds: int = 3
 
     def __post_init__(self) -> None:
@@ -146,10 +151,14 @@ def replication_seeds(
     distance = {
         (REPRODUCED, "greater"): effect - m,
         (REPRODUCED, "less"): -effect - m,
+        (REPRODUCED, "greater_by"): effect - m,
+        (REPRODUCED, "less_by"): -effect - m,
         (REPRODUCED, "noninferior"): effect + m,
         (REPRODUCED, "equivalent"): m - abs(effect),
         (CONTRADICTED, "greater"): -effect - m,
         (CONTRADICTED, "less"): effect - m,
+        (CONTRADICTED, "greater_by"): m - effect,
+        (CONTRADICTED, "less_by"): effect + m,
         (CONTRADICTED, "noninferior"): -effect - m,
         (CONTRADICTED, "equivalent"): abs(effect) - m,
     }[toward, rule.kind]
@@ -176,12 +185,15 @@ def decide(lo: float, hi: float, rule: Rule) -> tuple[str, str]:
         if hi < -m:
             return CONTRADICTED, f"{interval} below -{m:g}"
         return INCONCLUSIVE, f"{interval} reaches below -{m:g}"
-    sign = 1.0 if rule.kind == "greater" else -1.0
+    sign = 1.0 if rule.kind in ("greater", "greater_by") else -1.0
     lo_s, hi_s = sorted((sign * lo, sign * hi))
     side = ">" if sign > 0 else "<"
     if lo_s > m:
         return REPRODUCED, f"{interval} {side} {sign * m:g}"
-    if hi_s < -m:
+    if rule.kind in ("greater_by", "less_by"):
+        if hi_s < m:
+            return CONTRADICTED, f"{interval} excludes an effect {'>=' if sign > 0 else '<='} {sign * m:g}"
+    elif hi_s < -m:
         return CONTRADICTED, f"{interval} on the other side of {-sign * m:g}"
     return INCONCLUSIVE, f"{interval} does not clear {sign * m:g}"
 

@@ -157,6 +157,37 @@ def test_statistics_match_hand_values():
         Rule("greater", min_seeds=1)
 
 
+def test_greater_by_contradicts_once_the_claimed_effect_is_excluded():
+    """`greater` (suites v1-v4) leaves ±margin undecided forever; `greater_by` (v5) contradicts a claim of at least
+    +margin when the interval lies below +margin, so an effect of 0 is decidable with enough seeds."""
+    by, old = Rule("greater_by", margin=0.02), Rule("greater", margin=0.02)
+    assert decide(0.03, 0.05, by)[0] == REPRODUCED
+    assert decide(-0.01, 0.015, by)[0] == CONTRADICTED and decide(-0.01, 0.015, old)[0] == INCONCLUSIVE
+    assert decide(-0.01, 0.025, by)[0] == INCONCLUSIVE  # an effect of 0.02 is still inside the interval
+    assert decide(-0.01, 0.015, by)[1] == "95% CI [-0.01, 0.015] excludes an effect >= 0.02"
+    less = Rule("less_by", margin=0.02)
+    assert decide(-0.05, -0.03, less)[0] == REPRODUCED
+    assert decide(-0.015, 0.01, less)[0] == CONTRADICTED and decide(-0.025, 0.01, less)[0] == INCONCLUSIVE
+    # Planning: the distance is to +margin either way; 7.84888 * 0.02 / 0.1^2 = 15.7 -> 16.
+    from analysis.verdicts import replication_seeds
+
+    a, b = [0.5, 0.6, 0.7], [0.3, 0.4, 0.5]  # effect 0.2
+    assert replication_seeds(a, b, Rule("greater_by", margin=0.1)) == 16
+    assert replication_seeds(a, b, Rule("greater_by", margin=0.3), toward=CONTRADICTED) == 16  # 0.1 below +0.3
+    assert replication_seeds(a, b, Rule("greater", margin=0.3), toward=CONTRADICTED) is None  # the old kind: never
+    assert replication_seeds(b, a, Rule("less_by", margin=0.1)) == 16
+    assert replication_seeds(b, a, Rule("less_by", margin=0.3), toward=CONTRADICTED) == 16
+
+
+def test_a_rule_the_report_cannot_apply_stops_the_suite_before_any_run(tmp_path):
+    path = make_suite(tmp_path, {"a": [0.5, 0.5, 0.5], "b": [0.4, 0.4, 0.4], "c": [0.5, 0.5, 0.5]})
+    suite = yaml.safe_load(path.read_text())
+    suite["claims"][0]["parts"][0]["rule"]["kind"] = "greater_than"
+    path.write_text(yaml.safe_dump(suite))
+    with pytest.raises(SystemExit, match=r"claim 1: rule .*'greater_than' is not one of greater, less, greater_by"):
+        suite_mod.Suite.load(path)
+
+
 def test_metrics_read_keys_logged_as_null_on_some_steps():
     """A key logged as null on some steps (no clipped token that step) reads as an object column of None; the
     per-run metrics take the numbers and ignore the nulls (a full suite run crashed on this before)."""
