@@ -1,7 +1,7 @@
 """What suite v5 was expected to decide, written before its runs (CALIBRATION.md section 21).
 
 A pilot, not a verdict: for each repetition, draw 5 seeds per arm with replacement from the 6 suite-v4 runs per arm
-that machines A and B made (findings/v4_machine_a/runs.csv, findings/runs.csv), apply v5's rules (v4's parts
+that machines A and B made (findings/v4/machine_a/runs.csv, findings/v4/runs.csv), apply v5's rules (v4's parts
 with `greater` at a margin above 0 read as `greater_by`), and count the claims decided. Drawing from 6 values
 repeats some, which narrows the intervals: the numbers lean optimistic.
 
@@ -20,12 +20,12 @@ import yaml
 
 from analysis.verdicts import INCONCLUSIVE, Rule, combine, decide, effect_interval
 
-FINDINGS = Path(__file__).resolve().parents[1]  # suite v4: findings/suite.yaml and its runs.csv
+V4 = Path(__file__).resolve().parents[1] / "v4"  # suite v4: its suite.yaml, its runs.csv and machine A's
 
 
 def per_arm() -> dict[tuple[str, str], np.ndarray]:
     values: dict[tuple[str, str], list[float]] = {}
-    for path in (FINDINGS / "v4_machine_a" / "runs.csv", FINDINGS / "runs.csv"):
+    for path in (V4 / "machine_a" / "runs.csv", V4 / "runs.csv"):
         for row in csv.DictReader(path.open()):
             for key, v in row.items():
                 if key not in ("arm", "seed", "status", "run_dir", "error"):
@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=200)
     args = p.parse_args()
     pool, rng = per_arm(), np.random.default_rng(1)
-    claims = [c for c in yaml.safe_load((FINDINGS / "suite.yaml").read_text())["claims"] if "parts" in c]
+    claims = [c for c in yaml.safe_load((V4 / "suite.yaml").read_text())["claims"] if "parts" in c]
     verdicts: dict[int, Counter] = {c["id"]: Counter() for c in claims}
     decided = Counter()
     for _ in range(args.reps):

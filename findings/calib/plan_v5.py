@@ -8,7 +8,7 @@ stratified bootstrap, the margins of the suite file, parts combined) and counts 
 other than inconclusive. A seed keeps its values across metrics (one run), as in a real suite. Crude by design: an
 arm that did not collapse in three seeds never collapses here, one that collapsed once does so a third of the time.
 
-Usage: PYTHONPATH=. python findings/calib/plan_v5.py [--trials 200] [--n 3 4 5] [--suite-dir findings]
+Usage: PYTHONPATH=. python findings/calib/plan_v5.py [--trials 200] [--n 3 4 5] [--suite-dir findings/v4]
 (--suite-dir: the folder holding suite v4's suite.yaml and runs.csv)
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--n", type=int, nargs="+", default=[3, 4, 5])
-    p.add_argument("--suite-dir", type=Path, default=Path("findings"))
+    p.add_argument("--suite-dir", type=Path, default=Path("findings/v4"))
     args = p.parse_args()
     v4 = pd.read_csv(args.suite_dir / "runs.csv")
     claims = [c for c in Suite.load(args.suite_dir / "suite.yaml").claims if c.get("cpu", True)]
