@@ -154,6 +154,13 @@ def run_error(run_dir: Path) -> str:
     return f"no summary.json; its log ends: {last[0].strip()}" if last else "the run left no summary.json"
 
 
+def repo_path(path: Path) -> Path:
+    """`path` relative to the repository when inside it: runs.csv and the report name run folders the same way
+    from any checkout (a fresh clone's default suite path is absolute)."""
+    full = Path(path).resolve()
+    return full.relative_to(ROOT) if full.is_relative_to(ROOT) else Path(path)
+
+
 def evaluate_claims(
     claims: Sequence[dict[str, Any]], jobs: Sequence[Any], status: dict[Any, str]
 ) -> tuple[list[dict[str, Any]], pd.DataFrame, pd.DataFrame]:
@@ -162,7 +169,12 @@ def evaluate_claims(
     for job in jobs:
         ok = status.get(job) == "completed"
         m, e = load_run(job.run_dir) if ok else (pd.DataFrame(), pd.DataFrame())
-        row = {"arm": job.arm, "seed": job.seed, "status": status.get(job, "missing"), "run_dir": str(job.run_dir)}
+        row = {
+            "arm": job.arm,
+            "seed": job.seed,
+            "status": status.get(job, "missing"),
+            "run_dir": str(repo_path(job.run_dir)),
+        }
         for name, (fn, _) in METRICS.items():
             row[name] = fn(m, e) if ok and not m.empty else math.nan
         first = m.iloc[0] if ok and not m.empty else {}
@@ -439,7 +451,7 @@ def _optin_section(suite: Suite, out: Path) -> list[str]:
         path = opt.path
         added = ", ".join(a for a in opt.arms if a not in suite.arms)
         ids = ", ".join(str(c["id"]) for c in opt.claims)
-        shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+        shown = repo_path(path)
         report = (path.parent / "FINDINGS.md").resolve()
         link = Path(os.path.relpath(report, Path(out).resolve())).as_posix()
         done = f"its report: [{link}]({link})" if report.exists() else f"its report, once run: {link}"

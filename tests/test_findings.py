@@ -518,3 +518,12 @@ def test_report_only_counts_a_run_in_its_first_seconds_not_run(tmp_path):
     going = seen.index("failed") if "failed" in seen else len(seen)
     assert going > 10 and set(seen[:going]) == {"not run"} and set(seen[going:]) <= {"failed"}
     assert suite_mod.disk_status(job) == "failed"
+
+
+def test_runs_csv_names_run_folders_inside_the_repository_relative_to_it(tmp_path):
+    from analysis.findings import repo_path
+
+    inside = suite_mod.ROOT / "findings" / "runs" / "pg_is" / "seed800"
+    assert repo_path(inside) == Path("findings/runs/pg_is/seed800")  # the default suite's absolute path
+    assert repo_path(Path("findings/runs/pg_is/seed800")) == Path("findings/runs/pg_is/seed800")  # cwd is the repo
+    assert repo_path(tmp_path / "runs" / "a" / "seed0") == tmp_path / "runs" / "a" / "seed0"  # outside: as given
