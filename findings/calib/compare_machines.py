@@ -13,11 +13,6 @@ import argparse
 import json
 from pathlib import Path
 
-SHORT = {  # the rule kinds as the README's tables write them
-    "greater_by": "greater by",
-    "less_by": "less by",
-}
-
 
 def _cell(part: dict) -> str:
     verdict = part["verdict"]
@@ -27,8 +22,7 @@ def _cell(part: dict) -> str:
 
 def _rule(part: dict) -> str:
     rule = part["rule"]
-    kind = SHORT.get(rule["kind"], rule["kind"])
-    return f"{kind} {rule['margin']:g}"
+    return f"{rule['kind'].replace('_', ' ')} {rule['margin']:g}"
 
 
 def parts_table(a: dict, b: dict, names: tuple[str, str]) -> list[str]:
