@@ -8,6 +8,7 @@ split that lands at ~20% held-out accuracy (T=1), leaving RL room to show a gain
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -140,18 +141,25 @@ def build_tiny(cfg: TinyModelConfig, task: ArithConfig, cache_dir: Path, progres
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the final folder and rename: readers never see a half-written model, and two concurrent
-    # builders both succeed (the loser's identical copy is dropped).
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        _build_into(tmp, cfg, task, progress)
+    # One builder at a time: the findings suite starts two runs at once on an empty cache, and each used to spend
+    # a core-minute building the same model. The waiter finds the model when the lock is released; the kernel
+    # releases it when a builder dies, so a crash never blocks the next run.
+    with open(final.parent / f".{final.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "config.json").is_file():
+            return final
+        # Build beside the final folder and rename: readers that skip the lock (the check above) never see a
+        # half-written model, and a builder without this lock (another host on a shared cache) still succeeds.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _build_into(tmp, cfg, task, progress)
+            try:
+                tmp.rename(final)
+            except OSError:
+                if not (final / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

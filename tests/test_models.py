@@ -36,7 +36,8 @@ def built(tmp_path_factory) -> Path:
 
 def test_build_caches_atomically(built: Path):
     assert built == tiny_model_dir(SMALL, TASK, built.parent) and built.name.startswith("tiny-")
-    assert [p.name for p in built.parent.iterdir()] == [built.name]  # no temp folder left behind
+    # No temp folder left behind; the builders' lock file stays (removing it would race a waiter).
+    assert sorted(p.name for p in built.parent.iterdir()) == sorted([built.name, f".{built.name}.lock"])
     weights = built / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
     start = time.perf_counter()
@@ -45,6 +46,30 @@ def test_build_caches_atomically(built: Path):
     # Any config change is a different model.
     assert tiny_model_dir(TinyModelConfig(), TASK, built.parent) != built
     assert tiny_model_dir(SMALL, ArithConfig(), built.parent) != built
+
+
+def test_a_second_builder_waits_for_the_first_and_reuses_its_model(built: Path, tmp_path: Path):
+    """Two runs starting on an empty cache (the findings suite's first two jobs): the one that finds the build
+    lock held starts nothing of its own, and returns the model the holder leaves."""
+    import fcntl
+    import shutil
+    import threading
+
+    final = tiny_model_dir(SMALL, TASK, tmp_path)
+    result: list[Path] = []
+    with open(tmp_path / f".{final.name}.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the first builder, mid-build
+        waiter = threading.Thread(target=lambda: result.append(build_tiny(SMALL, TASK, tmp_path, progress=False)))
+        waiter.daemon = True
+        waiter.start()
+        waiter.join(timeout=3.0)
+        # Without the lock the waiter would by now be building in a temp folder of its own, or done with it.
+        assert waiter.is_alive() and not result
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f".{final.name}.lock"]
+        shutil.copytree(built, final)  # the first builder's rename
+    waiter.join(timeout=10.0)
+    assert result == [final]
+    assert (final / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
 
 
 def test_reload_restores_every_weight(built: Path):
