@@ -11,7 +11,8 @@ per claim, the comparisons and the rule that decides each one, written before an
 processes, `jobs` at a time with one thread each, in findings/runs/<arm>/seed<k>; a run whose summary.json says
 completed is not run again, so an interrupted suite resumes where it stopped. A failed run is reported in
 FINDINGS.md with its error, the comparisons that needed it become inconclusive, and the exit code is non-zero. A
-completed run whose recorded overrides (`.hydra/overrides.yaml`) differ from what the suite file now asks is
+completed run whose recorded overrides (`.hydra/overrides.yaml`) differ from what the suite file now asks, or
+whose composed config (`.hydra/config.yaml`) differs from what those overrides compose to today (edited defaults), is
 *stale*: a pass runs it again, and `--report-only` reports it as failed, saying how it differs. A pass claims each
 job (an flock on `<arm>/.seed<k>.claim`) before it touches the run, so a run that another live suite process has
 claimed (two suites sharing a run folder through `runs:`) is left to it, whenever that process took it.
@@ -37,6 +38,8 @@ import yaml
 
 from analysis.verdicts import Rule
 from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
+from harness.config import compose
+from harness.errors import first_line
 from harness.loop.lock import holder, locked_by
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,16 +204,17 @@ def job_overrides(job: Job) -> list[str]:
 
 
 def settings_differ(job: Job) -> str | None:
-    """How the overrides a run on disk was made with differ from the job's (the ones only the run has, the ones
-    only the job has), or None when they agree or the run left no record of them. A suite file edited after its
-    runs (another lr, base, arm) must not pass the old runs off as the new setting's."""
+    """How the settings a run on disk was made with differ from the job's, or None when they agree or the run
+    left no record of them. A suite file edited after its runs (another lr, base, arm) must not pass the old runs
+    off as the new setting's: first the overrides (the ones only the run has, the ones only the job has), then
+    what they composed to."""
     try:
         made = yaml.safe_load((job.run_dir / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
     want = job_overrides(job)
     if made == want:
-        return None
+        return defaults_differ(job)
     made = list(made or [])
     gone, new = [o for o in made if o not in want], [o for o in want if o not in made]
     if gone or new:
@@ -218,6 +222,39 @@ def settings_differ(job: Job) -> str | None:
             f"made with {', '.join(gone) or 'nothing more'} where the suite file now says {', '.join(new) or 'nothing'}"
         )
     return "made with the same overrides in another order"
+
+
+def defaults_differ(job: Job) -> str | None:
+    """How the run's composed config (`.hydra/config.yaml`) differs from what the job's overrides compose to now:
+    the same overrides over edited defaults (conf/'s YAML, or the schemas' defaults in harness/config.py) are
+    another setting too. None when they agree or the run left no config."""
+    try:
+        made = yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    try:
+        now = compose(*job_overrides(job))
+    except Exception as e:  # Hydra's errors share no base class; any of them means the setting is gone
+        return f"its overrides no longer compose: {first_line(e)}"
+    keys = changed_keys(made, now)
+    if not keys:
+        return None
+    shown = ", ".join(f"{k}={_at(made, k)!r} (the defaults now give {_at(now, k)!r})" for k in keys[:3])
+    return f"made with {shown}{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}"
+
+
+def changed_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts (a key only one has counts)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b), key=str) for k in changed_keys(a.get(key), b.get(key),
+                f"{prefix}{key}.")]  # fmt: skip
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _at(tree: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 def job_status(job: Job) -> str | None:

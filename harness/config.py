@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -620,15 +621,19 @@ def _defaults(schema: type) -> dict[str, Any]:
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# Hydra's compose API initialises one process-wide GlobalHydra: two threads inside `initialize_config_dir` at
+# once fail ("already initialized"). The findings suite checks its runs' settings from its worker threads.
+_COMPOSE_LOCK = threading.Lock()
 
 
 def compose(*overrides: str) -> dict[str, Any]:
-    """The project's config composed with Hydra overrides, unresolved, outside `run.py` (tests, benchmarks)."""
+    """The project's config composed with Hydra overrides, unresolved, outside `run.py` (tests, benchmarks, the
+    findings suite's check of a run's recorded config). Thread-safe."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
     register_schemas()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with _COMPOSE_LOCK, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=False)

@@ -108,3 +108,16 @@ def test_paper_experiment_fields_default_off_and_validate():
     assert (run.rollout.behavior, run.eval.top_p, run.data.max_prompt_tokens, run.mode) == (
         "trainer", 0.95, 16, "plan"
     )  # fmt: skip
+
+
+def test_harness_compose_is_safe_from_threads():
+    """The findings suite checks its runs' recorded configs from its worker threads; Hydra's compose API holds
+    one process-wide GlobalHydra, so two threads composing at once failed ("already initialized") until
+    harness.config.compose took a lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.config import compose as harness_compose
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        seeds = list(pool.map(lambda s: harness_compose("objective=dppo", f"seed={s}")["seed"], range(12)))
+    assert seeds == list(range(12))

@@ -431,6 +431,43 @@ def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_fil
     assert "objective=nope is not an option" in (run_dir.parent / "seed0.log").read_text()
 
 
+def test_a_run_made_over_other_defaults_is_stale(tmp_path):
+    """The same overrides over edited defaults (conf/'s YAML or the schemas') are another setting: a completed run
+    whose composed config differs from what its overrides compose to now is stale, named by key; the config
+    a real run.py wrote for those overrides is not."""
+    import os
+    import subprocess
+    import sys
+
+    suite = {
+        "base": ["rollout=hf", "logger=none", "trainer.eval_every=0"], "seeds": [0], "arms": {"a": ["objective=grpo"]},
+        "claims": [{"id": 1, "claim": "a > 0", "paper": "Fig. X", "parts": [
+            {"a": "a", "b": 0.0, "metric": "final_eval", "rule": {"kind": "greater"}}]}],
+    }  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    loaded = suite_mod.Suite.load(path)
+    [job] = loaded.jobs_for(loaded.claims, [0], tmp_path / "runs")
+    # run.py writes .hydra/ and then refuses the run (eval_every must be >= 1): Hydra's own record, in seconds.
+    run_py = str(suite_mod.ROOT / "run.py")
+    cmd = [sys.executable, run_py, *suite_mod.job_overrides(job), f"hydra.run.dir={job.run_dir}"]
+    subprocess.run(cmd, cwd=suite_mod.ROOT, env={**os.environ, "WANDB_MODE": "offline"}, capture_output=True)
+    config = job.run_dir / ".hydra" / "config.yaml"
+    assert config.is_file(), "run.py no longer writes .hydra/ before it validates: record the config another way"
+    write_run(job.run_dir, [0.5] * 4, 0.5)  # as if it had completed
+    assert suite_mod.settings_differ(job) is None and suite_mod.job_status(job) == "completed"
+
+    made = yaml.safe_load(config.read_text())
+    lr = made["trainer"]["lr"]
+    made["trainer"]["lr"] = 2 * lr  # as if the default lr had been lr * 2 when it ran
+    config.write_text(yaml.safe_dump(made))
+    assert suite_mod.settings_differ(job) == f"made with trainer.lr={2 * lr!r} (the defaults now give {lr!r})"
+    assert suite_mod.job_status(job) == "stale"
+    doc = report(path)
+    assert doc["failed_runs"] == 1 and doc["by_id"][1]["verdict"] == INCONCLUSIVE
+    assert "stale: made with trainer.lr=" in doc["by_id"][1]["arms"]["a"]["failed"][0]["error"]
+
+
 def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
     """Two suites on one run folder (`runs:`): a job another live process has claimed is not started again
     (which would first delete the directory that process writes); it counts as not run yet, and once the lock is
