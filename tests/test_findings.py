@@ -19,6 +19,7 @@ from analysis.verdicts import (
     Rule,
     compare,
     decide,
+    effect_interval,
     iqm,
     probability_of_improvement,
 )
@@ -564,3 +565,25 @@ def test_runs_csv_names_run_folders_inside_the_repository_relative_to_it(tmp_pat
     assert repo_path(inside) == Path("findings/runs/pg_is/seed800")  # the default suite's absolute path
     assert repo_path(Path("findings/runs/pg_is/seed800")) == Path("findings/runs/pg_is/seed800")  # cwd is the repo
     assert repo_path(tmp_path / "runs" / "a" / "seed0") == tmp_path / "runs" / "a" / "seed0"  # outside: as given
+
+
+@pytest.mark.parametrize("report", ["", "v5/first_machine/", "seeds_810-825/", "seeds_830-853/"])
+def test_the_planning_analysis_applies_the_suites_rules_as_the_suite_did(report):
+    """findings/calib/plan_half.py (CALIBRATION section 24, behind the README's "no suite v6") re-applies suite
+    v5's parts and rules to runs it draws. Given a committed report's own runs, undrawn, it must reach that
+    report's interval for every part and its verdict for every claim."""
+    import importlib.util
+
+    findings = suite_mod.ROOT / "findings"
+    spec = importlib.util.spec_from_file_location("plan_half", findings / "calib" / "plan_half.py")
+    plan_half = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan_half)
+    doc = json.loads((findings / report / "findings.json").read_text())
+    tested = {c["id"]: c for c in doc["claims"] if c.get("parts")}
+    claims = [c for c in yaml.safe_load((findings / "suite.yaml").read_text())["claims"] if c["id"] in tested]
+    runs = plan_half.pooled_runs([f"{report}runs.csv"])
+    assert plan_half.claim_verdicts(claims, runs, resamples=5000) == {i: c["verdict"] for i, c in tested.items()}
+    for claim in claims:
+        for part, reported in zip(claim["parts"], tested[claim["id"]]["parts"], strict=True):
+            _, lo, hi = effect_interval(*plan_half.sides(part, runs), resamples=5000)
+            assert (lo, hi) == pytest.approx((reported["ci_low"], reported["ci_high"]), abs=1e-12), part

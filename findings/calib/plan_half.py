@@ -35,9 +35,10 @@ POOL = [  # every runs.csv of this setting
 NOT_METRICS = ("arm", "seed", "status", "run_dir", "error")
 
 
-def pooled_runs() -> dict[str, list[dict[str, float]]]:
+def pooled_runs(names: list[str] = POOL) -> dict[str, list[dict[str, float]]]:
+    """The completed runs of the runs.csv files `names` (relative to findings/), per arm."""
     runs: dict[str, list[dict[str, float]]] = {}
-    for name in POOL:
+    for name in names:
         for row in csv.DictReader((FINDINGS / name).open()):
             if row["status"] == "completed":
                 metrics = {k: float(v) if v else np.nan for k, v in row.items() if k not in NOT_METRICS}
@@ -58,6 +59,18 @@ def sides(part: dict, runs: dict[str, list[dict[str, float]]]) -> tuple[np.ndarr
 
 def rule(part: dict) -> Rule:
     return Rule(part["rule"]["kind"], part["rule"].get("margin", 0.0))
+
+
+def claim_verdicts(claims: list[dict], runs: dict[str, list[dict[str, float]]], resamples: int) -> dict[int, str]:
+    """Each claim's verdict under the suite's parts and rules, on these runs (the suite's own, or a draw)."""
+    out = {}
+    for c in claims:
+        parts = []
+        for part in c["parts"]:
+            _, lo, hi = effect_interval(*sides(part, runs), resamples=resamples)
+            parts.append(decide(lo, hi, rule(part))[0])
+        out[c["id"]] = combine(parts)
+    return out
 
 
 def main() -> None:
@@ -87,16 +100,10 @@ def main() -> None:
     decided: Counter = Counter()
     for _ in range(args.reps):
         drawn = {arm: [pool[arm][i] for i in rng.integers(0, len(pool[arm]), n)] for arm, n in design.items()}
-        n_decided = 0
-        for c in claims:
-            parts = []
-            for part in c["parts"]:
-                _, lo, hi = effect_interval(*sides(part, drawn), resamples=1000)
-                parts.append(decide(lo, hi, rule(part))[0])
-            verdict = combine(parts)
-            verdicts[c["id"]][verdict] += 1
-            n_decided += verdict != INCONCLUSIVE
-        decided[n_decided] += 1
+        drawn_verdicts = claim_verdicts(claims, drawn, resamples=1000)
+        for cid, verdict in drawn_verdicts.items():
+            verdicts[cid][verdict] += 1
+        decided[sum(v != INCONCLUSIVE for v in drawn_verdicts.values())] += 1
     print(f"design: {sum(design.values())} runs, seeds per arm {design}")
     for cid, counts in verdicts.items():
         print(f"  claim {cid}: " + ", ".join(f"{v} {k / args.reps:.1%}" for v, k in counts.most_common()))
