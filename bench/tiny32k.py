@@ -21,9 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 import string
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
 from tokenizers.models import BPE
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from harness.models import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, default_cache_dir
+from harness.models import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, build_once, default_cache_dir
 from harness.tasks.arith import ArithConfig, demonstration, make_splits
 
 BUILD_VERSION = 1  # bump when the recipe below changes, so a stale cached folder is not reused
@@ -61,23 +59,9 @@ def model_dir(cfg: Tiny32kConfig = Tiny32kConfig(), cache_dir: Path | None = Non
 
 
 def build(cfg: Tiny32kConfig = Tiny32kConfig(), cache_dir: Path | None = None) -> Path:
-    """The model folder, built on first use. Written beside the final folder and renamed, so a concurrent reader
-    never sees half a model."""
-    final = model_dir(cfg, cache_dir)
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        _build_into(tmp, cfg)
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """The model folder, built on first use (`harness.models.build_once`: one builder at a time, written beside
+    the final folder and renamed)."""
+    return build_once(model_dir(cfg, cache_dir), lambda out: _build_into(out, cfg))
 
 
 def _build_into(out: Path, cfg: Tiny32kConfig) -> None:

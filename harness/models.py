@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +138,12 @@ def build_tiny(cfg: TinyModelConfig, task: ArithConfig, cache_dir: Path, progres
 
     Deterministic for a seed: the same configs give bit-identical weights on the same machine and thread count
     (CPU matmul reductions depend on the thread count)."""
-    final = tiny_model_dir(cfg, task, cache_dir)
+    return build_once(tiny_model_dir(cfg, task, cache_dir), lambda out: _build_into(out, cfg, task, progress))
+
+
+def build_once(final: Path, build_into: Callable[[Path], None]) -> Path:
+    """`final`, made by `build_into(folder)` unless it already holds a model (a `config.json`); the tiny model and
+    the benchmarks' models are built this way."""
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +158,7 @@ def build_tiny(cfg: TinyModelConfig, task: ArithConfig, cache_dir: Path, progres
         # half-written model, and a builder without this lock (another host on a shared cache) still succeeds.
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
-            _build_into(tmp, cfg, task, progress)
+            build_into(tmp)
             try:
                 tmp.rename(final)
             except OSError:
