@@ -587,3 +587,28 @@ def test_the_planning_analysis_applies_the_suites_rules_as_the_suite_did(report)
         for part, reported in zip(claim["parts"], tested[claim["id"]]["parts"], strict=True):
             _, lo, hi = effect_interval(*plan_half.sides(part, runs), resamples=5000)
             assert (lo, hi) == pytest.approx((reported["ci_low"], reported["ci_high"]), abs=1e-12), part
+
+
+def test_compare_machines_prints_both_reports_side_by_side_and_refuses_two_suites():
+    """findings/calib/compare_machines.py (the README's v5 two-machine table): on the two committed v5 reports it
+    counts 3 decided claims each (2, 3, 4: the README's "3 of the 9 ... the same three"), puts each part's
+    numbers side by side, and refuses two files that are not the same suite (the opt-in suite tests other parts
+    of claims 2, 4, 8 and 10)."""
+    import subprocess
+    import sys
+
+    findings = suite_mod.ROOT / "findings"
+    script = str(findings / "calib" / "compare_machines.py")
+    first, second = findings / "v5" / "first_machine" / "findings.json", findings / "findings.json"
+    out = subprocess.run([sys.executable, script, str(first), str(second)], capture_output=True, text=True).stdout
+    assert out.rstrip().endswith("decided: 3 (first), 3 (second)")
+    rows = [line for line in out.splitlines() if line.startswith("| 2: ")]
+    assert rows and rows[0].startswith("| 2: contradicted / contradicted | dppo_kl vs dppo_kl_recompute, final_eval")
+    # The README's numbers, the first machine's column first.
+    assert rows[0].endswith("| -0.019 [-0.030, -0.002] **contradicted** | +0.007 [-0.031, +0.100] inconclusive |")
+    bad = subprocess.run(
+        [sys.executable, script, str(first), str(findings / "optin" / "findings.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and "the two files are not the same suite" in bad.stderr
