@@ -603,7 +603,10 @@ def register_schemas() -> None:
     if not OmegaConf.has_resolver("safe_dirname"):
         OmegaConf.register_new_resolver("safe_dirname", safe_dirname)
     if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", run_stamp)
+        # Cached, as Hydra's own `now`: a sweep's directory is read again for every job and at the end, and Hydra
+        # hands each job the launching config's resolver cache. Uncached, every job got a new second, so a sweep
+        # scattered its jobs over several folders and its report counted none of them (exit code 0 on failures).
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
 
     cs = ConfigStore.instance()
     for group, schema in GROUPS.items():

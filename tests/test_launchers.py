@@ -44,6 +44,21 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
+def test_a_sweep_in_its_default_stamped_folder_keeps_every_job_in_it_and_counts_them(tmp_path, small_model):
+    """The default sweep directory is outputs/<name>/<start time>: every job goes under that one folder, however
+    many seconds later it starts, and the progress lines and the end-of-sweep report count them (with the stamp
+    read anew per job, the jobs were scattered over one folder per second and a failed sweep exited 0)."""
+    res = run_py(tmp_path, "-m", *small_model, *FAST_TRAINER, *TWO_STEPS, "objective.delta=-1,0.1")
+    assert res.returncode == 1, res.stderr[-3000:]
+    [sweep] = [p.parent for p in (tmp_path / "outputs" / "default").glob("*/multirun.yaml")]
+    assert [p.name for p in (tmp_path / "outputs" / "default").iterdir()] == [sweep.name]
+    assert sorted(jobs_by_override(sweep, "objective.delta")) == ["-1", "0.1"]
+    progress = [re.sub(r"\d+ (s|min)", "T", line) for line in res.stderr.splitlines() if line.startswith("[")]
+    assert progress == ["[1/2] objective.delta=-1 done in T (failed), elapsed T, ~T left",
+                        "[2/2] objective.delta=0.1 done in T (completed), elapsed T"], res.stderr[-3000:]  # fmt: skip
+    assert last_line(res.stderr).startswith(f"sweep: 1 of 2 jobs failed under outputs/default/{sweep.name}: ")
+
+
 def test_basic_sweep_runs_every_job_and_exits_with_the_number_failed(tmp_path, small_model):
     # A failed run left by an earlier sweep into the same directory: it must not be counted again.
     stale = tmp_path / "sweep" / "objective.delta=-9"
