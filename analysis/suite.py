@@ -4,7 +4,7 @@
     python -m analysis.suite --quick               # the suite's named `quick` subset (fewer arms and seeds)
     python -m analysis.suite --report-only         # verdicts from the runs already on disk
     python -m analysis.suite --seeds 3-12          # a replication: new seeds, their own folder and verdicts
-    python -m analysis.suite --claims 12           # one claim's arms only, and its verdict only
+    python -m analysis.suite --claims 12           # one claim's arms only (a replication reports only it)
 
 The suite file (findings/suite.yaml) holds the calibrated base setting, the arms (Hydra overrides), the seeds and,
 per claim, the comparisons and the rule that decides each one, written before any run. Runs are `run.py`
@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument(
         "--claims", type=parse_claims, default=None,
-        help="only these claim ids, e.g. 12 or 1,12: their arms run and only they are reported",
+        help="only these claim ids, e.g. 12 or 1,12: their arms run; the suite folder's report still covers "
+        "every claim, a replication's (--seeds) only these",
     )  # fmt: skip
     args = p.parse_args(argv)
     suite = Suite.load(args.suite)
@@ -375,9 +376,21 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ids = ", ".join(str(c["id"]) for c in suite.claims)
             raise SystemExit(f"error: --claims: {unknown} not in {suite.path.name} (claims: {ids})")
-        suite.claims = [c for c in suite.claims if c["id"] in args.claims]
+        chosen = [c for c in suite.claims if c["id"] in args.claims]
+        if not any(c.get("cpu", True) and claim_arms(c) for c in chosen):
+            tested = ", ".join(str(c["id"]) for c in suite.claims if c.get("cpu", True) and claim_arms(c))
+            raise SystemExit(
+                f"error: --claims: {args.claims} has no runs in {suite.path.name} (its report says why); claims "
+                f"with runs: {tested}"
+            )
+        if args.seeds is not None:  # a replication's folder holds these claims' runs alone: it reports only them
+            suite.claims = chosen
     out = args.out or suite.path.parent
     claims, seeds, only = suite.selection(args.quick)
+    if args.claims is not None:
+        # Only the chosen claims' arms run; the suite folder's report still covers every claim (from the runs on
+        # disk), so rerunning one claim never shrinks FINDINGS.md to that claim.
+        claims = [c for c in claims if c["id"] in args.claims]
     if args.seeds is not None:
         # A replication is a new experiment: the suite's rules on new seeds, decided on those seeds alone.
         suite.seeds = seeds = args.seeds

@@ -612,3 +612,23 @@ def test_compare_machines_prints_both_reports_side_by_side_and_refuses_two_suite
         text=True,
     )
     assert bad.returncode == 1 and "the two files are not the same suite" in bad.stderr
+
+
+def test_claims_on_the_suites_seeds_runs_their_arms_and_keeps_every_claim_in_the_report(tmp_path, capsys):
+    """`--claims 2` on the suite's own seeds runs only claim 2's arms (a, c: arm b's missing run is not started)
+    and still writes every claim to the suite folder's report, claim 1 from the runs on disk, so rerunning one
+    claim never shrinks FINDINGS.md to it; a claim with no CPU runs is refused before anything is written."""
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    shutil.rmtree(tmp_path / "runs" / "b" / "seed0")
+    capsys.readouterr()
+    assert suite_mod.main(["--suite", str(path), "--claims", "2"]) == 0
+    assert "findings: 6 runs, 6 already complete, 0 to run" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "findings.json").read_text())
+    verdicts = {c["id"]: c["verdict"] for c in doc["claims"]}
+    # Claim 1 from the runs on disk: b's seed 0 is missing, so 2 seeds, under min_seeds 3.
+    assert verdicts == {1: INCONCLUSIVE, 2: REPRODUCED, 5: "not tested"}, verdicts
+    assert doc["claims"][0]["parts"][0]["seeds"] == [3, 2]
+    before = (tmp_path / "FINDINGS.md").read_text()
+    with pytest.raises(SystemExit, match=r"--claims: \[5\] has no runs in suite.yaml .*claims with runs: 1, 2$"):
+        suite_mod.main(["--suite", str(path), "--claims", "5"])
+    assert (tmp_path / "FINDINGS.md").read_text() == before
