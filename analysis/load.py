@@ -307,13 +307,15 @@ def _assemble(runs: list[_Run], include_failed: bool) -> RunSet:
     return RunSet(
         metrics=_with_config(metrics, configs),
         evals=_with_config(evals, configs),
-        summaries=_with_config([summaries] if rows else [], configs),
+        summaries=_with_config([summaries] if rows else [], configs, per_step=False),
         config_columns=list(config_keys),
     )
 
 
-def _with_config(frames: list[pd.DataFrame], configs: pd.DataFrame) -> pd.DataFrame:
-    """Concatenate per-run frames and join the config columns; a clashing record key keeps its name."""
+def _with_config(frames: list[pd.DataFrame], configs: pd.DataFrame, per_step: bool = True) -> pd.DataFrame:
+    """Concatenate per-run frames and join the config columns; a clashing record key keeps its name. `per_step`
+    frames (metrics, evals) are sorted by an integer `step`; in the one-row-per-run summaries `step` is only a
+    field some runs have (an eval-only run's checkpoint step) and stays as it is."""
     if not frames:
         return pd.DataFrame(columns=["run", *configs.columns.drop("run")])
     data = pd.concat(frames, ignore_index=True)
@@ -323,10 +325,10 @@ def _with_config(frames: list[pd.DataFrame], configs: pd.DataFrame) -> pd.DataFr
     for short, key in ALIASES.items():
         if short not in out.columns and key in out.columns:
             out[short] = out[key]
-    if "step" in out.columns:
+    if per_step and "step" in out.columns:
         out["step"] = out["step"].astype(int)
         out = out.sort_values(["run", "step"], kind="stable").reset_index(drop=True)
-    first = ["run", *[c for c in ("step",) if c in out.columns]]
+    first = ["run", *[c for c in ("step",) if per_step and c in out.columns]]
     return out[first + [c for c in out.columns if c not in first]]
 
 

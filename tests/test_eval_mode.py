@@ -144,3 +144,27 @@ def test_eval_of_a_run_directory_with_vllm(tmp_path, trained_run):
     )
     assert summary["status"] == "completed" and record["step"] == 1 and 0 <= record["avg@2"] <= 1
     assert len(record["problems"]) == 12 and all(len(r["predictions"]) == 2 for r in record["problems"])
+
+
+def test_figures_read_an_eval_only_run_beside_the_training_run(tmp_path, trained_run):
+    """`make figures` over an outputs/ that holds a training run and an eval-only run of it (the README's two
+    commands in turn): the eval run's summary has a `step` (its checkpoint's) that a training summary lacks, and
+    reading the two together failed casting that column to int."""
+    import shutil
+
+    from analysis.__main__ import main as figures
+    from analysis.load import load_runs
+
+    outputs = tmp_path / "outputs"
+    shutil.copytree(trained_run, outputs / "train")
+    raw = compose(*EVAL, f"model.path={trained_run}", "benchmark.max_problems=6")
+    run_eval(validate(raw), outputs / "eval", raw)
+    (outputs / "eval" / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(raw), outputs / "eval" / ".hydra" / "config.yaml")
+
+    summaries = load_runs([outputs]).summaries
+    by_mode = {row["mode"] if row["mode"] == "eval" else "train": row for row in summaries.to_dict("records")}
+    assert sorted(by_mode) == ["eval", "train"] and by_mode["eval"]["step"] == 1
+    assert by_mode["train"]["status"] == "completed" and by_mode["train"]["n_steps"] == 1
+    assert figures(["--roots", str(outputs), "--out", str(tmp_path / "figures"), "--no-geometry"]) == 0
+    assert (tmp_path / "figures" / "index.md").is_file()
