@@ -168,3 +168,24 @@ def test_figures_read_an_eval_only_run_beside_the_training_run(tmp_path, trained
     assert by_mode["train"]["status"] == "completed" and by_mode["train"]["n_steps"] == 1
     assert figures(["--roots", str(outputs), "--out", str(tmp_path / "figures"), "--no-geometry"]) == 0
     assert (tmp_path / "figures" / "index.md").is_file()
+
+
+def test_a_model_folder_with_a_torn_tokenizer_fails_in_one_line_before_the_run_starts(tmp_path, small_model):
+    """A model folder (config.json) whose tokenizer cannot load (a torn tokenizer.json): one line naming the
+    folder, raised before the run's log or W&B start, so the run directory stays empty (run.py's handler then
+    records the line)."""
+    import shutil
+
+    from harness.config import SetupError
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(model_dir(validate(compose(*small_model))) / "config.json", broken / "config.json")
+    (broken / "tokenizer.json").write_text("{not json")
+    (broken / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    raw = compose(*EVAL, f"model.path={broken}", "benchmark.max_problems=4")
+    with pytest.raises(SetupError, match=rf"^folder '{broken}' is not a loadable model: ") as err:
+        run_eval(validate(raw), run_dir, raw)
+    assert "\n" not in str(err.value) and list(run_dir.iterdir()) == []

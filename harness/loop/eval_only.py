@@ -39,9 +39,9 @@ from harness.loop.export import read_info
 from harness.loop.runlog import RunLog
 from harness.loop.state import model_dir, score_key, wandb_settings
 from harness.lora import merged_from_checkpoint
+from harness.models import load_tokenizer_of
 from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
-from harness.rollout.base import load_tokenizer
 from harness.tasks import load_benchmark, render_prompts
 
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -138,22 +138,23 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
     summary.json into `run_dir`. Returns the summary."""
     t_start = time.time()
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
-    # First, before W&B starts (its banner would precede the line) and before any model: a benchmark out of reach
-    # is one line, as in training; run.py's handler records it in summary.json.
+    # First, before W&B starts (its banner would precede the line) and before any weights: a benchmark out of reach,
+    # a model path that is not a model, a hub id out of reach are one line naming it, as in training; run.py's
+    # handler records it in summary.json.
     try:
         problems = load_benchmark(cfg.benchmark, cfg.data)
+        src = resolve_model(cfg)
+        tokenizer = load_tokenizer_of(src.base)
     except (ValueError, OSError, ImportError) as exc:
         raise SetupError(first_line(exc)) from exc
     log = RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=False)  # job type "eval", name eval-<bench>
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": "eval", "benchmark": cfg.benchmark.name}
+    summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
     engine = None
     try:
         # --- model: base weights for the engine, then the checkpoint's on top ---
-        # A missing file, a hub dataset out of reach, an unusable checkpoint: one line (SetupError), as in training.
+        # An unusable checkpoint, an engine that cannot load the model: one line (SetupError), as in training.
         try:
-            src = resolve_model(cfg)
-            summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
-            tokenizer = load_tokenizer(src.base)[0]
             prompts = render_prompts(tokenizer, problems, src.template)
             engine = engine_from_config(
                 cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
