@@ -24,14 +24,20 @@ def load_summaries(results: Path) -> tuple[list[dict], list[str]]:
     rows, notes = [], []
     for path in files:
         try:
-            summary = json.loads(path.read_text()).get("summary")
+            result = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             notes.append(f"{path.name}: unreadable ({e})")
             continue
-        if not summary:
+        summary = result.get("summary")
+        if summary:
+            rows += summary
+        elif "trl" in result.get("meta", {}) and result["meta"]["trl"] is None:
+            # B4's targets are ratios to TRL: a run without TRL timed the harness alone and has nothing to check.
+            notes.append(f"{path.name}: no target checked: trl was not installed, so no baseline (make bench)")
+        elif summary is not None:
+            notes.append(f"{path.name}: no target checked (its rows are in the file)")
+        else:
             notes.append(f"{path.name}: no summary block (written before bench.common, or by an older script)")
-            continue
-        rows += summary
     return rows, notes
 
 

@@ -338,3 +338,22 @@ def test_evaluate_cuts_or_rejects_over_long_prompts():
         engine, [[1, 2, 3, 4, 5]], problems, n=1, max_new_tokens=3, temperature=1.0, seed=0, truncate_prompts=True
     )
     assert engine.prompts == [[3, 4, 5]] and record["prompt_truncated_frac"] == 1.0 and record["avg@1"] == 1.0
+
+
+def test_bench_summary_says_why_a_results_file_has_no_rows(tmp_path):
+    """bench.summary tabulates the summary rows of bench/results/*.json and names each file that has none, with
+    the reason: B4 (rl_step) run without TRL has no baseline to take a ratio to, which is not an old file."""
+    from bench.summary import load_summaries
+
+    row = {"id": "B1", "case": "c", "metric": "m", "value": 1.5, "target": ">= 1", "met": True}
+    (tmp_path / "logprobs.json").write_text(json.dumps({"meta": {}, "rows": [], "summary": [row]}))
+    (tmp_path / "rl_step.json").write_text(json.dumps({"meta": {"trl": None}, "rows": [{}], "summary": []}))
+    (tmp_path / "rollout.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "topk.json").write_text("{torn")
+    rows, notes = load_summaries(tmp_path)
+    assert rows == [row]
+    assert notes == [
+        "topk.json: unreadable (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))",
+        "rollout.json: no summary block (written before bench.common, or by an older script)",
+        "rl_step.json: no target checked: trl was not installed, so no baseline (make bench)",
+    ]
