@@ -87,10 +87,12 @@ findings: $(STAMP)  ## every claim of the CPU findings suite (v5, 90 runs: 62 mi
 findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs: 9 min from a fresh clone; 27 min on a 2.8x slower machine); the same two files
 	$(PY) -m analysis.suite --quick
 
-# TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`.
+# TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`. The bench extra alone: naming
+# the vllm extra again made pip put back the CUDA-only packages install 4/4 removed, and TRL's import then failed
+# (torchvision::nms does not exist).
 $(VENV)/.bench-extra: $(STAMP)
 	@echo "install: the bench extra (TRL)"
-	$(PY) -m pip install -q --no-compile -e '.[$(EXTRAS),bench]'
+	$(PY) -m pip install -q --no-compile -e '.[bench]'
 	touch $@
 
 bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B5 against their same-process baselines, then one summary table

