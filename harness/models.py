@@ -154,6 +154,8 @@ def build_once(final: Path, build_into: Callable[[Path], None]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "config.json").is_file():
             return final
+        for dead in final.parent.glob(f".{final.name}-*"):  # a killed builder's half-written folder
+            shutil.rmtree(dead, ignore_errors=True)
         # Build beside the final folder and rename: readers that skip the lock (the check above) never see a
         # half-written model, and a builder without this lock (another host on a shared cache) still succeeds.
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))

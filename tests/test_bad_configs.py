@@ -210,3 +210,27 @@ def test_training_prompts_that_cannot_fit_fail_before_the_model_loads(tmp_path, 
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr[-2000:]
     assert "1 of 2 training prompts are longer than model.max_model_len" in res.stderr
     assert "set data.max_prompt_tokens=" in res.stderr
+
+
+def test_a_malformed_data_file_fails_before_the_tiny_model_is_built(tmp_path):
+    """A training or benchmark file whose rows lack the fields: one line and exit 2 before the tiny model's first
+    build (minutes on 2 cores): on an empty model cache nothing is built."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"bad": 1}\n')
+    cache = tmp_path / "cache"
+    env = {**os.environ, "HARNESS_CACHE": str(cache), "WANDB_MODE": "offline"}
+    for which in (["data=dapo_math", f"data.path={bad}"], ["benchmark=aime24", f"benchmark.path={bad}"]):
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "run.py"), *which, "rollout=hf", "logger=none",
+             f"hydra.run.dir={tmp_path / which[0].partition('=')[0]}"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert res.stderr.strip() == f"error: {bad}:1: missing field 'problem' or 'question' (fields present: bad)"
+        assert not cache.exists() or list(cache.iterdir()) == [], list(cache.iterdir())

@@ -72,6 +72,17 @@ def test_a_second_builder_waits_for_the_first_and_reuses_its_model(built: Path, 
     assert (final / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
 
 
+def test_a_killed_builders_half_written_folder_is_removed_by_the_next_build(tmp_path: Path):
+    """A builder killed mid-build (SIGTERM, OOM) leaves its temp folder; the next builder, holding the lock,
+    knows no one else is building and removes it."""
+    final = tiny_model_dir(SMALL, TASK, tmp_path)
+    dead = tmp_path / f".{final.name}-k1ll3d"
+    dead.mkdir()
+    (dead / "model.safetensors").write_bytes(b"half")
+    assert build_tiny(SMALL, TASK, tmp_path, progress=False) == final
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, f".{final.name}.lock"])
+
+
 def test_reload_restores_every_weight(built: Path):
     saved = load_file(built / "model.safetensors")
     model, tokenizer = load_policy(str(built))

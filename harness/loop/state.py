@@ -114,10 +114,11 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
     torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
     try:
         prec = precisions.get(cfg.precision.name)
-        model_path = model_dir(cfg)
         objective = get_objective(cfg.objective.name, **_objective_values(cfg))
-        # The data and its prompt lengths first: a bad file or a prompt that cannot fit costs no model load.
+        # The data first: a bad file costs no model build (the tiny model's first build takes minutes) or load.
         train_set, eval_set = load_problems(cfg.data, cfg.benchmark)
+        model_path = model_dir(cfg)
+        # Then the prompt lengths, from the tokenizer alone: a prompt that cannot fit costs no model load.
         train_set = _fitting(train_set, load_tokenizer_of(str(model_path)), cfg)
         # Sharded runs load on the CPU: fully_shard moves each rank's shard to its GPU, so no GPU ever holds
         # the whole model.
