@@ -41,6 +41,7 @@ from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo 
 from harness.config import compose
 from harness.errors import first_line
 from harness.loop.lock import holder, locked_by
+from harness.loop.resume_guard import differences
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
@@ -236,25 +237,13 @@ def defaults_differ(job: Job) -> str | None:
         now = compose(*job_overrides(job))
     except Exception as e:  # Hydra's errors share no base class; any of them means the setting is gone
         return f"its overrides no longer compose: {first_line(e)}"
-    keys = changed_keys(made, now)
-    if not keys:
+    # The resume guard's comparison: keys that change how a run is watched (threads, eval cadence) are not a new
+    # setting here either.
+    changed = list(differences(made, now).items())
+    if not changed:
         return None
-    shown = ", ".join(f"{k}={_at(made, k)!r} (the defaults now give {_at(now, k)!r})" for k in keys[:3])
-    return f"made with {shown}{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}"
-
-
-def changed_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two nested dicts (a key only one has counts)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) | set(b), key=str) for k in changed_keys(a.get(key), b.get(key),
-                f"{prefix}{key}.")]  # fmt: skip
-    return [] if a == b else [prefix.rstrip(".")]
-
-
-def _at(tree: Any, dotted: str) -> Any:
-    for key in dotted.split("."):
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
+    shown = ", ".join(f"{k}={old!r} (the defaults now give {new!r})" for k, (old, new) in changed[:3])
+    return f"made with {shown}{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}"
 
 
 def job_status(job: Job) -> str | None:

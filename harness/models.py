@@ -147,17 +147,18 @@ def build_once(final: Path, build_into: Callable[[Path], None]) -> Path:
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    # One builder at a time: the findings suite starts two runs at once on an empty cache, and each used to spend
-    # a core-minute building the same model. The waiter finds the model when the lock is released; the kernel
-    # releases it when a builder dies, so a crash never blocks the next run.
+    # One builder at a time (the findings suite starts two runs at once on an empty cache; each would spend a
+    # core-minute building the same model). The waiter finds the model when the lock is released; the kernel
+    # releases it when a builder dies, so a crash never blocks the next run. Every builder takes this lock (flock
+    # reaches NFS locks on Linux clients), so a temp folder found while holding it is a dead builder's.
     with open(final.parent / f".{final.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "config.json").is_file():
             return final
         for dead in final.parent.glob(f".{final.name}-*"):  # a killed builder's half-written folder
             shutil.rmtree(dead, ignore_errors=True)
-        # Build beside the final folder and rename: readers that skip the lock (the check above) never see a
-        # half-written model, and a builder without this lock (another host on a shared cache) still succeeds.
+        # Build beside the final folder and rename: readers, who skip the lock (the check above), never see a
+        # half-written model.
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             build_into(tmp)
