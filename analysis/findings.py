@@ -36,7 +36,8 @@ QUARTER = 0.25  # "early" / "late": the first / last quarter of the steps
 COLLAPSE_FRACTION = 0.5  # collapsed: late reward below half the run's best 10-step mean reward
 # A run "broke" when it collapsed by training reward or its held-out accuracy ended below this (the warm start scores
 # ~0.25): the calibrations' "failed" (findings/CALIBRATION.md section 8), which also catches a collapse in the last
-# steps that the late-quarter `collapsed` metric misses. Descriptive only: no verdict reads it.
+# steps that the late-quarter `collapsed` metric misses. Suite v5's rules do not read it; the `broke` metric (a rate,
+# replication R3) does.
 BROKEN_EVAL = 0.10
 
 
@@ -63,6 +64,13 @@ def _collapsed(m: pd.DataFrame, e: pd.DataFrame) -> float:
         return math.nan
     best = float(r.rolling(10, min_periods=1).mean().max())
     return float(_window(m, "reward/mean", "late") < COLLAPSE_FRACTION * best)
+
+
+def _broke(m: pd.DataFrame, e: pd.DataFrame) -> float:
+    collapsed, final = _collapsed(m, e), _final_eval(m, e)
+    if math.isnan(collapsed) or math.isnan(final):
+        return math.nan
+    return float(collapsed == 1.0 or final < BROKEN_EVAL)
 
 
 def _numeric(m: pd.DataFrame, cols: list[str]) -> np.ndarray:
@@ -100,6 +108,7 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
     "early_reward": (lambda m, e: _window(m, "reward/mean", "early"), "mean training reward, first quarter"),
     "late_reward": (lambda m, e: _window(m, "reward/mean", "late"), "mean training reward, last quarter"),
     "collapsed": (_collapsed, f"1 if the last quarter's reward < {COLLAPSE_FRACTION} x the best 10-step mean"),
+    "broke": (_broke, f"1 if the run broke: `collapsed`, or final held-out below {BROKEN_EVAL:g}"),
     "late_mismatch": (
         lambda m, e: _window(m, "mismatch/abs_prob_diff_mean", "late"),
         "mean |pi - mu| before the update, last quarter",
@@ -117,7 +126,7 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
 def run_broke(m: pd.DataFrame, e: pd.DataFrame) -> bool:
     """Whether one run broke (`collapsed`, or final held-out below BROKEN_EVAL): the arms table's column, per run,
     for the calibration scripts that read run folders one at a time."""
-    return METRICS["collapsed"][0](m, e) == 1.0 or METRICS["final_eval"][0](m, e) < BROKEN_EVAL
+    return _broke(m, e) == 1.0
 
 
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -344,7 +353,7 @@ def arm_summary(per_run: pd.DataFrame) -> list[dict[str, Any]]:
         done = per_run[(per_run["arm"] == arm) & (per_run["status"] == "completed")].sort_values("seed")
         finals = done["final_eval"].astype(float)
         value, lo, hi = iqm_interval(finals.tolist())
-        broken = (done["collapsed"] == 1) | (finals < BROKEN_EVAL)
+        broken = done["broke"] == 1
         broke = int(broken.sum())
         n = int(len(done))
         ci = stats.binomtest(broke, n).proportion_ci(method="exact") if n else None
@@ -400,7 +409,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         f"{doc['runs_not_run']} not run yet; "
         f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "
         f"{doc['runs_time_s'] / 60:.1f} min of one-thread run time in all, two at a time). "
-        "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval; P(A>B) over seed "
+        "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval (a part whose rule says "
+        "`statistic: rate` compares the rates of a 0/1 metric, with Newcombe's score interval); P(A>B) over seed "
         "pairs; each verdict follows the rule written in the suite file before the runs.",
         "",
         "| claim | paper | metric | effect | 95% CI | seeds | verdict | figure |",
@@ -425,7 +435,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         for p in e["parts"]:
             b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
             lines.append(
-                f"- {p['a']} vs {b} on `{p['metric']}` ({p['rule']['kind']}, margin {p['rule'].get('margin', 0)}): "
+                f"- {p['a']} vs {b} on `{p['metric']}`{' rate' if p['rule'].get('statistic') == 'rate' else ''} "
+                f"({p['rule']['kind']}, margin {p['rule'].get('margin', 0)}): "
                 f"effect {_fmt(p['effect'])}, {p['why']}, P(A>B) {_fmt(p['prob_a_better'], 2)}, "
                 f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict']}{_replication_note(p)}"
             )

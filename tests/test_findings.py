@@ -22,6 +22,7 @@ from analysis.verdicts import (
     effect_interval,
     iqm,
     probability_of_improvement,
+    rate_difference_interval,
 )
 
 SEEDS = [0, 1, 2]
@@ -139,6 +140,59 @@ def test_the_arms_table_counts_broken_runs_with_exact_intervals(tmp_path):
     assert "| a | 3 | 0.217 | [0.05, 0.3] | 0.300 / 0.300 / 0.050 | 0.1 | 1 of 3 | [0.0084, 0.91] | 0.01 |" in md
     assert doc["arms_figure"] == "figures/arms.png" and "Figure: [figures/arms.png](figures/arms.png)" in md
     assert (tmp_path / "figures" / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_rate_statistic_gives_newcombes_worked_intervals():
+    """Newcombe (1998), Table II, method 10: 56/70 - 48/80 is 0.2000 [0.0524, 0.3339]; 9/10 - 3/10 is 0.6
+    [0.1705, 0.8090]; 5/48 - 0/48 (hand, from Wilson's bounds) clears 0, 4/48 - 0/48 does not."""
+    ones = lambda k, n: [1.0] * k + [0.0] * (n - k)  # noqa: E731
+    assert rate_difference_interval(ones(56, 70), ones(48, 80)) == pytest.approx((0.2, 0.0524, 0.3339), abs=1e-4)
+    assert rate_difference_interval(ones(9, 10), ones(3, 10)) == pytest.approx((0.6, 0.1705, 0.8090), abs=1e-4)
+    assert rate_difference_interval(ones(5, 48), ones(0, 48))[1] == pytest.approx(0.00954, abs=1e-5)
+    assert rate_difference_interval(ones(4, 48), ones(0, 48))[1] < 0
+    with pytest.raises(ValueError, match="other than 0 and 1"):
+        rate_difference_interval([0.3, 1.0], [0.0, 1.0])
+    with pytest.raises(ValueError, match="rule.statistic: 'median' is not one of iqm, rate"):
+        Rule("greater", statistic="median")
+
+
+def test_a_collapse_rate_the_iqm_trims_away_is_found_by_the_rate_statistic(tmp_path):
+    """24 seeds per arm: arm a breaks in 6 (held-out 0.05), b in none. The IQM keeps the middle 12 of a's sorted
+    0/1 `broke` values, all 0: the `iqm` part sees no effect. The `rate` part sees 6/24 - 0/24 = 0.25 with
+    Newcombe's interval [0.0604, 0.4490] (by hand: Wilson 6/24 is [0.1200, 0.4490], 0/24 is [0, 0.1380]; 0.25 -
+    hypot(0.13, 0.138)). With 2 of 24 broken its interval reaches below 0: inconclusive."""
+    seeds = list(range(24))
+
+    def suite(folder: Path, broken: int) -> Path:
+        for arm, k in (("a", broken), ("b", 0)):
+            for seed in seeds:
+                write_run(folder / "runs" / arm / f"seed{seed}", [0.5] * 8, 0.05 if seed < k else 0.30)
+        part = {"a": "a", "b": "b", "metric": "broke"}
+        doc = {
+            "base": ["rollout=hf"], "seeds": seeds, "arms": {"a": ["objective=pg_is"], "b": ["objective=dppo"]},
+            "claims": [
+                {"id": 1, "claim": "a breaks more often", "paper": "Fig. 3",
+                 "parts": [{**part, "rule": {"kind": "greater", "statistic": "rate"}}]},
+                {"id": 2, "claim": "the same, by IQM", "paper": "Fig. 3",
+                 "parts": [{**part, "rule": {"kind": "greater"}}]},
+            ],
+        }  # fmt: skip
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "suite.yaml").write_text(yaml.safe_dump(doc))
+        return folder / "suite.yaml"
+
+    six = report(suite(tmp_path / "six", 6))["by_id"]
+    rate, by_iqm = six[1], six[2]
+    assert rate["verdict"] == REPRODUCED and rate["metric"] == "broke" and rate["seeds"] == 24
+    assert (rate["effect"], rate["ci_low"], rate["ci_high"]) == pytest.approx((0.25, 0.0604, 0.4490), abs=1e-4)
+    assert by_iqm["verdict"] == INCONCLUSIVE and by_iqm["effect"] == 0.0
+    header, *rows = (tmp_path / "six" / "runs.csv").read_text().splitlines()
+    broke = header.split(",").index("broke")
+    assert sorted(r.split(",")[broke] for r in rows if "/a/" in r) == ["0.0"] * 18 + ["1.0"] * 6
+    md = (tmp_path / "six" / "FINDINGS.md").read_text()
+    assert "- a vs b on `broke` rate (greater, margin 0):" in md and "| 6 of 24 |" in md
+    two = report(suite(tmp_path / "two", 2))["by_id"][1]
+    assert two["verdict"] == INCONCLUSIVE and two["effect"] == pytest.approx(2 / 24) and two["ci_low"] < 0
 
 
 def test_statistics_match_hand_values():
