@@ -16,6 +16,7 @@ from harness.cli import (
     check_command_line,
     check_group_options,
     check_output_dir,
+    check_override_keys,
     info_requested,
     plan_argv,
     plan_requested,
@@ -39,6 +40,7 @@ def main(cfg: DictConfig) -> float | JobFailed | None:
 if __name__ == "__main__":  # the guard matters: vLLM may spawn processes that re-import this file
     check_group_options(sys.argv[1:])
     check_command_line(sys.argv[1:])
+    check_override_keys(sys.argv[1:])
     scratch = tempfile.mkdtemp(prefix="harness-plan-") if plan_requested(sys.argv[1:]) else None
     if scratch:  # mode=plan: one `PLAN <json>` line per job, no model, no run directory
         sys.argv[1:] = plan_argv(sys.argv[1:], scratch)

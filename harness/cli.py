@@ -28,36 +28,130 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def check_group_options(argv: list[str]) -> None:
-    """`objective=dpo` -> one line naming the valid options, before Hydra composes anything (Hydra's own message
-    is a dozen lines and exits 1). The command line is read with Hydra's own parsers, so everything Hydra accepts
-    passes: nested options (`+experiment=recipe/drpo_qwen3_4b`), `glob(...)`, `choice(...)`, comma sweeps,
-    quoted values, deletions, flags anywhere. A line Hydra cannot parse is left for Hydra to report."""
+def _parse_overrides(argv: list[str]) -> tuple[list[Any], bool] | None:
+    """The command line's overrides as Hydra parses them, and whether it asks for a sweep; None when Hydra cannot
+    parse it (Hydra then reports that itself)."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Glob
     from hydra.errors import HydraException
 
     args, rest = get_args_parser().parse_known_args(argv)
     try:
         overrides = OverridesParser.create().parse_overrides([*args.overrides, *(a for a in rest if a[:1] != "-")])
     except HydraException:
+        return None
+    return overrides, bool(args.multirun)
+
+
+def _group_choices(o: Any) -> list[str]:
+    """The options a group override picks: one, a comma sweep's, or those a glob(...) matches."""
+    from hydra.core.override_parser.types import Glob
+
+    value = o.value()
+    if isinstance(value, Glob):
+        return value.filter(group_options(o.key_or_group))
+    return list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+
+
+def check_group_options(argv: list[str]) -> None:
+    """`objective=dpo` -> one line naming the valid options, before Hydra composes anything (Hydra's own message
+    is a dozen lines and exits 1). The command line is read with Hydra's own parsers, so everything Hydra accepts
+    passes: nested options (`+experiment=recipe/drpo_qwen3_4b`), `glob(...)`, `choice(...)`, comma sweeps,
+    quoted values, deletions, flags anywhere. A line Hydra cannot parse is left for Hydra to report."""
+    parsed = _parse_overrides(argv)
+    if parsed is None:
         return
-    for o in overrides:
+    for o in parsed[0]:
         if o.key_or_group not in GROUP_NAMES or o.package or o.is_delete():
             continue
         options = group_options(o.key_or_group)
-        value = o.value()
-        if isinstance(value, Glob):
-            if not value.filter(options):
-                fail(f"{o.input_line} matches no option; valid {o.key_or_group} options: {', '.join(options)}")
-            continue
-        chosen = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        chosen = _group_choices(o)
+        if not chosen:
+            fail(f"{o.input_line} matches no option; valid {o.key_or_group} options: {', '.join(options)}")
         for option in chosen:
             if option not in options:
                 fail(
                     f"{o.key_or_group}={option} is not an option; valid {o.key_or_group} options: {', '.join(options)}"
                 )
+
+
+# A sweep over many config groups is checked on its first combinations only: each costs one composition.
+_MAX_KEY_CHECKS = 32
+
+
+def check_override_keys(argv: list[str]) -> None:
+    """`trainer.lrr=1`, or `objective.delta=0.3` under an objective without a delta -> one line naming the keys
+    that exist there, as `+trainer.epochs=2` gets from validation (Hydra's own message is five lines and lists
+    none). Only what Hydra itself would refuse is refused: the overrides are composed as Hydra composes them, once
+    per choice of the config groups the command line (and, for a sweep, the experiment's `hydra.sweeper.params`)
+    sweeps over, and only a "not in struct" failure is translated; anything else is left for Hydra to report."""
+    import itertools
+
+    from hydra.errors import ConfigCompositionException
+
+    from harness.config import compose
+
+    parsed = _parse_overrides(argv)
+    if parsed is None:
+        return
+    overrides, multirun = parsed
+    changes, groups = {}, {}
+    for o in overrides:
+        if o.is_delete() or o.package or o.key_or_group.startswith("hydra"):
+            continue
+        if o.key_or_group.split("/")[0] in GROUP_NAMES:
+            groups[o.get_key_element()] = _group_choices(o)
+        elif not o.is_add() and not o.is_force_add():  # `+key=` adds a key: validation names what is allowed
+            first = next(iter(o.sweep_string_iterator()), "") if o.is_sweep_override() else None
+            changes[o.key_or_group] = o.input_line if first is None else f"{o.key_or_group}={first}"
+    if not changes:
+        return
+    if multirun:  # an experiment's own sweep (`hydra.sweeper.params`) picks groups too; the command line wins
+        first = [f"{k}={v[0]}" for k, v in groups.items()]
+        try:
+            params = compose(*first, hydra_config=True).get("hydra", {}).get("sweeper", {}).get("params") or {}
+        except Exception:  # noqa: BLE001 - whatever fails here, Hydra reports itself
+            return
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        try:
+            swept = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+        except Exception:  # noqa: BLE001 - Hydra reports an experiment it cannot parse
+            return
+        for o in swept:
+            key = o.key_or_group
+            if key.split("/")[0] in GROUP_NAMES:
+                if key not in groups and f"+{key}" not in groups:
+                    groups[key] = _group_choices(o)
+            elif key not in changes and not key.startswith("hydra"):
+                first = next(iter(o.sweep_string_iterator()), "") if o.is_sweep_override() else None
+                changes[key] = o.input_line if first is None else f"{key}={first}"
+    combos = itertools.product(*([f"{k}={c}" for c in v] for k, v in groups.items()))
+    for combo in itertools.islice(combos, _MAX_KEY_CHECKS):
+        try:
+            compose(*combo, *changes.values())
+        except ConfigCompositionException as e:
+            text = f"{e} {e.__cause__}"
+            key = next((k for k in changes if f"Could not override '{k}'" in text), None)
+            if key is None or "not in struct" not in text:
+                return
+            fail(_unknown_key_message(key, compose(*combo, hydra_config=True)))
+        except Exception:  # noqa: BLE001 - not a missing key: left for Hydra to report
+            return
+
+
+def _unknown_key_message(key: str, config: dict[str, Any]) -> str:
+    """`objective (objective=grpo): unknown key 'delta'; allowed keys: agg, anchor, ...`: the deepest part of
+    `key` that exists, the first part that does not, and what exists beside it."""
+    parts, node, depth = key.split("."), config, 0
+    while depth < len(parts) - 1 and isinstance(node, dict) and isinstance(node.get(parts[depth]), dict):
+        node, depth = node[parts[depth]], depth + 1
+    where = ".".join(parts[:depth]) or "the config"
+    choice = config.get("hydra", {}).get("runtime", {}).get("choices", {}).get(parts[0]) if depth else None
+    if choice:
+        where += f" ({parts[0]}={choice})"
+    keys = sorted(k for k in node if k != "hydra")
+    return f"{where}: unknown key '{parts[depth]}'; allowed keys: {', '.join(keys)}"
 
 
 def info_requested(argv: list[str]) -> bool:

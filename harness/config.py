@@ -629,14 +629,15 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 _COMPOSE_LOCK = threading.Lock()
 
 
-def compose(*overrides: str) -> dict[str, Any]:
+def compose(*overrides: str, hydra_config: bool = False) -> dict[str, Any]:
     """The project's config composed with Hydra overrides, unresolved, outside `run.py` (tests, benchmarks, the
-    findings suite's check of a run's recorded config). Thread-safe."""
+    findings suite's check of a run's recorded config, run.py's check of the command line's keys); with
+    `hydra_config`, Hydra's own node too. Thread-safe."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
     register_schemas()
     with _COMPOSE_LOCK, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        cfg = hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
     return OmegaConf.to_container(cfg, resolve=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import GROUP_NAMES, check_group_options
+from harness.cli import GROUP_NAMES, check_group_options, check_override_keys
 from harness.config import validate
 from tests.test_config import children_cpu_s, composed, run_cli
 
@@ -137,6 +137,49 @@ def test_unknown_group_option_lists_the_valid_ones(group, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {group}=nope is not an option; valid {group} options: ") and "\n" not in err
+
+
+UNKNOWN_KEYS = [
+    (["trainer.lrr=1"], "trainer: unknown key 'lrr'; allowed keys: advantage, beta1, beta2, checkpoint_every,"),
+    (["traner.lr=1"], "the config: unknown key 'traner'; allowed keys: benchmark, data, device, eval, logger,"),
+    (["objective.delta=0.3"], "objective (objective=grpo): unknown key 'delta'; allowed keys: agg, anchor, eps_high,"),
+    (["model.lora_rnk=8"], "model (model=tiny): unknown key 'lora_rnk'; allowed keys: architecture,"),
+    (["-m", "objective=dppo,grpo", "objective.delta=0.3"], "objective (objective=grpo): unknown key 'delta'"),
+    # The experiment's own sweep (hydra.sweeper.params) picks the objective: drpo has no `eps`.
+    (["-m", "+experiment=drpo_ablation_absadv", "objective.eps=3"], "objective (objective=drpo): unknown key 'eps'"),
+]
+
+
+@pytest.mark.parametrize("argv,line", UNKNOWN_KEYS, ids=[" ".join(a) for a, _ in UNKNOWN_KEYS])
+def test_an_override_of_a_key_the_config_lacks_is_one_line_naming_the_keys_there(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        check_override_keys(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith(f"error: {line}") and "\n" not in err, err
+
+
+ACCEPTED = [
+    ["objective=dppo", "objective.delta=0.3", "trainer.lr=1e-4"],
+    ["-m", "objective=dppo,drpo", "objective.delta=0.1,0.2", "seed=1,2"],
+    ["-m", "objective=glob(dppo_*)", "objective.delta=0.1"],
+    ["-m", "+experiment=drpo_ablation_absadv", "trainer.total_steps=2"],
+    ["+experiment=drpo_ablation_absadv", "objective=drpo", "objective.delta=0.2"],
+    ["+trainer.epochs=2"],  # adding a key: validation refuses it, with its own line (BAD above)
+    ["hydra.run.dir=/tmp/x", "~logger"],
+    ["trainer.lrr=1", "trainer.lr=("],  # a line Hydra cannot parse: Hydra reports it
+]
+
+
+@pytest.mark.parametrize("argv", ACCEPTED, ids=[" ".join(a) for a in ACCEPTED])
+def test_the_key_check_refuses_nothing_hydra_composes(argv):
+    check_override_keys(argv)
+
+
+def test_cli_refuses_an_unknown_key_in_one_line_before_any_folder_is_made(tmp_path):
+    res = run_cli("trainer.lrr=1", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
+    assert res.stderr.startswith("error: trainer: unknown key 'lrr'; allowed keys: ") and "lr," in res.stderr
+    assert "Could not override" not in res.stderr and not (tmp_path / "outputs").exists()
 
 
 def test_cli_rejects_a_bad_precision_model_pair_before_loading_anything(tmp_path):
