@@ -107,7 +107,7 @@ def check_override_keys(argv: list[str]) -> None:
     if not changes:
         return
     if multirun:  # an experiment's own sweep (`hydra.sweeper.params`) picks groups too; the command line wins
-        first = [f"{k}={v[0]}" for k, v in groups.items()]
+        first = [f"{k}={v[0]}" for k, v in groups.items() if v]
         try:
             params = compose(*first, hydra_config=True).get("hydra", {}).get("sweeper", {}).get("params") or {}
         except Exception:  # noqa: BLE001 - whatever fails here, Hydra reports itself
