@@ -102,8 +102,7 @@ def check_override_keys(argv: list[str]) -> None:
         if o.key_or_group.split("/")[0] in GROUP_NAMES:
             groups[o.get_key_element()] = _group_choices(o)
         elif not o.is_add() and not o.is_force_add():  # `+key=` adds a key: validation names what is allowed
-            first = next(iter(o.sweep_string_iterator()), "") if o.is_sweep_override() else None
-            changes[o.key_or_group] = o.input_line if first is None else f"{o.key_or_group}={first}"
+            changes[o.key_or_group] = _first_value(o)
     if not changes:
         return
     if multirun:  # an experiment's own sweep (`hydra.sweeper.params`) picks groups too; the command line wins
@@ -124,8 +123,7 @@ def check_override_keys(argv: list[str]) -> None:
                 if key not in groups and f"+{key}" not in groups:
                     groups[key] = _group_choices(o)
             elif key not in changes and not key.startswith("hydra"):
-                first = next(iter(o.sweep_string_iterator()), "") if o.is_sweep_override() else None
-                changes[key] = o.input_line if first is None else f"{key}={first}"
+                changes[key] = _first_value(o)
     combos = itertools.product(*([f"{k}={c}" for c in v] for k, v in groups.items()))
     for combo in itertools.islice(combos, _MAX_KEY_CHECKS):
         try:
@@ -138,6 +136,13 @@ def check_override_keys(argv: list[str]) -> None:
             fail(_unknown_key_message(key, compose(*combo, hydra_config=True)))
         except Exception:  # noqa: BLE001 - not a missing key: left for Hydra to report
             return
+
+
+def _first_value(o: Any) -> str:
+    """A value override as one `key=value` line: a sweep's first value (keys, not values, are checked)."""
+    if not o.is_sweep_override():
+        return o.input_line
+    return f"{o.key_or_group}={next(iter(o.sweep_string_iterator()), '')}"
 
 
 def _unknown_key_message(key: str, config: dict[str, Any]) -> str:
