@@ -387,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     # A replication keeps its runs in its own folder; otherwise the suite file may name a shared one (`runs:`).
     runs = suite.runs if suite.runs is not None and args.seeds is None else out / "runs"
     jobs = suite.jobs_for(claims, seeds, runs, only)
+    if args.report_only and not any(j.run_dir.exists() or _log(j).exists() for j in jobs):
+        # A report of nothing but "not run" says nothing, and would replace whatever report the folder holds.
+        raise SystemExit(
+            f"error: --report-only: no run of this selection is on disk under {runs}; run `{report_command(args)}` "
+            "without --report-only first (a rerun skips the runs that completed)"
+        )
     t0 = time.time()
     ran = {} if args.report_only else run_jobs(jobs, args.jobs or suite.jobs)
     wall = time.time() - t0

@@ -686,3 +686,19 @@ def test_claims_on_the_suites_seeds_runs_their_arms_and_keeps_every_claim_in_the
     with pytest.raises(SystemExit, match=r"--claims: \[5\] has no runs in suite.yaml .*claims with runs: 1, 2$"):
         suite_mod.main(["--suite", str(path), "--claims", "5"])
     assert (tmp_path / "FINDINGS.md").read_text() == before
+
+
+def test_report_only_with_no_run_on_disk_is_refused_and_writes_nothing(tmp_path):
+    """A mistyped replication's seeds (`--report-only --seeds 900-901`), or a suite folder whose runs were removed:
+    one line naming the run folder, and no report folder made nor an existing report replaced."""
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    with pytest.raises(SystemExit, match=r"--report-only: no run of this selection is on disk under .*seeds_900-901"):
+        suite_mod.main(["--suite", str(path), "--report-only", "--seeds", "900-901"])
+    assert not (tmp_path / "seeds_900-901").exists()
+
+    report(path)
+    before = (tmp_path / "FINDINGS.md").read_text()
+    shutil.rmtree(tmp_path / "runs")
+    with pytest.raises(SystemExit, match="without --report-only first"):
+        suite_mod.main(["--suite", str(path), "--report-only"])
+    assert (tmp_path / "FINDINGS.md").read_text() == before
