@@ -326,6 +326,7 @@ def write_report(
         "quick": quick,
         "command": command,
         "seeds": list(suite.seeds),
+        "arm_seeds": dict(suite.arm_seeds),
         "wall_time_s": wall_s,
         # The pass above may have skipped runs finished earlier; this is what every run on disk cost (summed).
         "runs_time_s": runs_time_s(jobs, status),
@@ -400,12 +401,20 @@ def _json_default(x: Any) -> Any:
     raise TypeError(type(x))
 
 
+def _fewer_seeds(doc: dict[str, Any]) -> str:
+    fewer: dict[int, list[str]] = {}
+    for arm, n in doc.get("arm_seeds", {}).items():
+        fewer.setdefault(n, []).append(arm)
+    return "".join(f"; {', '.join(arms)} on the first {n}" for n, arms in sorted(fewer.items()))
+
+
 def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -> str:
     lines = [
         "# Findings on 2 CPU cores",
         "",
         f"Written by `{doc['command']}` from `{doc['suite']}` "
-        f"(seeds {', '.join(map(str, doc['seeds']))}; {doc['runs']} runs: {doc['failed_runs']} failed, "
+        f"(seeds {', '.join(map(str, doc['seeds']))}{_fewer_seeds(doc)}; "
+        f"{doc['runs']} runs: {doc['failed_runs']} failed, "
         f"{doc['runs_not_run']} not run yet; "
         f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "
         f"{doc['runs_time_s'] / 60:.1f} min of one-thread run time in all, two at a time). "

@@ -67,6 +67,9 @@ class Suite:
     jobs: int = 2
     runs: Path | None = None  # the run folder when not <report folder>/runs (`runs:`, relative to the file)
     optin: list[Suite] = field(default_factory=list)  # the opt-in suites its report names (`optin:`)
+    # Arms that run only the first n of the seeds in force (`arm_seeds:`): seeds go where a claim needs them. Not
+    # inherited through `extends`, and a replication (--seeds) runs every arm on all its seeds.
+    arm_seeds: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path, _seen: tuple[Path, ...] = (), _optin: bool = True) -> Suite:
@@ -92,6 +95,15 @@ class Suite:
             path, list(raw["base"]), arms, list(raw["seeds"]), list(raw["claims"]), dict(raw.get("quick") or {}),
             int(raw.get("jobs", 2)), (path.parent / raw["runs"]).resolve() if "runs" in raw else None,
         )  # fmt: skip
+        for arm, n in (raw.get("arm_seeds") or {}).items():
+            if arm not in suite.arms:
+                raise SystemExit(f"error: {path}: arm_seeds names {arm!r}, not in arms")
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(suite.seeds):
+                raise SystemExit(
+                    f"error: {path}: arm_seeds.{arm} is {n!r}; allowed: a whole number of seeds, "
+                    f"1 to {len(suite.seeds)}"
+                )
+            suite.arm_seeds[arm] = n
         for claim in suite.claims:
             for arm in claim_arms(claim):
                 if arm not in suite.arms:
@@ -126,8 +138,9 @@ class Suite:
         arms = sorted(wanted & set(only or wanted), key=list(self.arms).index)
         return [
             Job(arm, seed, (*self.base, *self.arms[arm], f"seed={seed}"), runs_dir / arm / f"seed{seed}")
-            for seed in seeds
+            for i, seed in enumerate(seeds)
             for arm in arms
+            if i < self.arm_seeds.get(arm, len(seeds))
         ]
 
 
@@ -383,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds is not None:
         # A replication is a new experiment: the suite's rules on new seeds, decided on those seeds alone.
         suite.seeds = seeds = args.seeds
+        suite.arm_seeds = {}
         out = args.out or suite.path.parent / f"seeds_{seeds_label(seeds)}"
     # A replication keeps its runs in its own folder; otherwise the suite file may name a shared one (`runs:`).
     runs = suite.runs if suite.runs is not None and args.seeds is None else out / "runs"

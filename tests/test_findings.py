@@ -621,9 +621,9 @@ def test_runs_csv_names_run_folders_inside_the_repository_relative_to_it(tmp_pat
     assert repo_path(tmp_path / "runs" / "a" / "seed0") == tmp_path / "runs" / "a" / "seed0"  # outside: as given
 
 
-@pytest.mark.parametrize("report", ["", "v5/first_machine/", "seeds_810-825/", "seeds_830-853/"])
+@pytest.mark.parametrize("report", ["v5/fresh_clone/", "v5/first_machine/", "seeds_810-825/", "seeds_830-853/"])
 def test_the_planning_analysis_applies_the_suites_rules_as_the_suite_did(report):
-    """findings/calib/plan_half.py (CALIBRATION section 24, behind the README's "no suite v6") re-applies suite
+    """findings/calib/plan_half.py (CALIBRATION sections 24-25, behind suite v6's seeds) re-applies suite
     v5's parts and rules to runs it draws. Given a committed report's own runs, undrawn, it must reach that
     report's interval for every part and its verdict for every claim."""
     import importlib.util
@@ -634,7 +634,7 @@ def test_the_planning_analysis_applies_the_suites_rules_as_the_suite_did(report)
     spec.loader.exec_module(plan_half)
     doc = json.loads((findings / report / "findings.json").read_text())
     tested = {c["id"]: c for c in doc["claims"] if c.get("parts")}
-    claims = [c for c in yaml.safe_load((findings / "suite.yaml").read_text())["claims"] if c["id"] in tested]
+    claims = [c for c in yaml.safe_load((findings / "v5" / "suite.yaml").read_text())["claims"] if c["id"] in tested]
     runs = plan_half.pooled_runs([f"{report}runs.csv"])
     assert plan_half.claim_verdicts(claims, runs, resamples=5000) == {i: c["verdict"] for i, c in tested.items()}
     for claim in claims:
@@ -653,7 +653,8 @@ def test_compare_machines_prints_both_reports_side_by_side_and_refuses_two_suite
 
     findings = suite_mod.ROOT / "findings"
     script = str(findings / "calib" / "compare_machines.py")
-    first, second = findings / "v5" / "first_machine" / "findings.json", findings / "findings.json"
+    first = findings / "v5" / "first_machine" / "findings.json"
+    second = findings / "v5" / "fresh_clone" / "findings.json"
     out = subprocess.run([sys.executable, script, str(first), str(second)], capture_output=True, text=True).stdout
     assert out.rstrip().endswith("decided: 3 (first), 3 (second)")
     rows = [line for line in out.splitlines() if line.startswith("| 2: ")]
@@ -702,3 +703,35 @@ def test_report_only_with_no_run_on_disk_is_refused_and_writes_nothing(tmp_path)
     with pytest.raises(SystemExit, match="without --report-only first"):
         suite_mod.main(["--suite", str(path), "--report-only"])
     assert (tmp_path / "FINDINGS.md").read_text() == before
+
+
+def test_arm_seeds_runs_an_arm_on_the_first_seeds_only_and_a_replication_on_all(tmp_path):
+    """`arm_seeds: {b: 2}`: arm b's jobs are seeds 0 and 1 (no "not run" seed 2 counted against it), the part
+    compares 3 seeds of a with 2 of b (too few to decide), and the report says so; a replication (--seeds) runs
+    every arm on every seed; a count outside 1..len(seeds) or an unknown arm fails in one line when the file loads."""
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    shutil.rmtree(tmp_path / "runs" / "b" / "seed2")
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "arm_seeds": {"b": 2}}))
+    suite = suite_mod.Suite.load(path)
+    jobs = suite.jobs_for(suite.claims, suite.seeds, tmp_path / "runs")
+    assert sorted((j.arm, j.seed) for j in jobs if j.arm == "b") == [("b", 0), ("b", 1)] and len(jobs) == 8
+    doc = report(path)
+    assert doc["runs"] == 8 and doc["runs_not_run"] == 0 and doc["arm_seeds"] == {"b": 2}
+    # Two seeds are below the rules' min_seeds (3): the planted effect stays undecided on them.
+    assert doc["by_id"][1]["parts"][0]["seeds"] == [3, 2] and doc["by_id"][1]["verdict"] == INCONCLUSIVE
+    assert "(seeds 0, 1, 2; b on the first 2; 8 runs" in (tmp_path / "FINDINGS.md").read_text()
+
+    for seed in (7, 8):
+        for arm in ("a", "b"):
+            write_run(tmp_path / "seeds_7-8" / "runs" / arm / f"seed{seed}", [0.5] * 4, 0.5)
+    suite_mod.main(["--suite", str(path), "--report-only", "--seeds", "7-8", "--claims", "1"])
+    rep = json.loads((tmp_path / "seeds_7-8" / "findings.json").read_text())
+    assert rep["runs"] == 4 and rep["arm_seeds"] == {} and rep["claims"][0]["parts"][0]["seeds"] == [2, 2]
+
+    for bad, match in (({"b": 0}, r"arm_seeds.b is 0; allowed: a whole number of seeds, 1 to 3"),
+                       ({"b": 4}, "arm_seeds.b is 4"), ({"b": True}, "arm_seeds.b is True"),
+                       ({"z": 2}, "arm_seeds names 'z', not in arms")):  # fmt: skip
+        path.write_text(yaml.safe_dump({**raw, "arm_seeds": bad}))
+        with pytest.raises(SystemExit, match=match):
+            suite_mod.Suite.load(path)

@@ -29,8 +29,10 @@ from analysis.verdicts import CONTRADICTED, INCONCLUSIVE, Rule, combine, decide,
 
 FINDINGS = Path(__file__).resolve().parents[1]
 POOL = [  # every runs.csv of this setting
-    "v4/machine_a/runs.csv", "v4/runs.csv", "v5/first_machine/runs.csv", "runs.csv", "seeds_810-825/runs.csv",
-    "v4/seeds_3-26/runs.csv",
+    "v4/machine_a/runs.csv", "v4/runs.csv", "v5/first_machine/runs.csv", "v5/fresh_clone/runs.csv",
+    "seeds_810-825/runs.csv", "v4/seeds_3-26/runs.csv",
+    # Added for section 25 (suite v6's allocation); section 24's numbers are from the six files above.
+    "seeds_830-853/runs.csv", "r3/runs.csv",
 ]  # fmt: skip
 NOT_METRICS = ("arm", "seed", "status", "run_dir", "error")
 
