@@ -81,7 +81,7 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 
 # The findings suite (findings/suite.yaml): runs two one-thread jobs at a time, skips runs already complete, then
 # writes findings/FINDINGS.md, findings/findings.json and findings/figures/. A failed run exits non-zero.
-findings: $(STAMP)  ## every claim of the CPU findings suite (v6, 104 runs: ~75 min planned on 2 cores; resumable)
+findings: $(STAMP)  ## every claim of the CPU findings suite (v6, 104 runs: 76 min from a fresh clone on 2 cores; resumable)
 	$(PY) -m analysis.suite
 
 findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs: v5's took 9 min from a fresh clone, 27 min on a 2.8x slower machine); the same two files
