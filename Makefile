@@ -84,7 +84,7 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 findings: $(STAMP)  ## every claim of the CPU findings suite (v6, 104 runs: 76 min from a fresh clone on 2 cores; resumable)
 	$(PY) -m analysis.suite
 
-findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs: v5's took 9 min from a fresh clone, 27 min on a 2.8x slower machine); the same two files
+findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs: 9 min from a fresh clone; v5's took 27 min on a 2.8x slower machine); the same two files
 	$(PY) -m analysis.suite --quick
 
 # TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`. The bench extra alone: naming
