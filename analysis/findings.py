@@ -403,7 +403,7 @@ def _json_default(x: Any) -> Any:
 
 def _fewer_seeds(doc: dict[str, Any]) -> str:
     fewer: dict[int, list[str]] = {}
-    for arm, n in doc.get("arm_seeds", {}).items():
+    for arm, n in doc["arm_seeds"].items():
         fewer.setdefault(n, []).append(arm)
     return "".join(f"; {', '.join(arms)} on the first {n}" for n, arms in sorted(fewer.items()))
 
