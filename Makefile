@@ -18,7 +18,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers and vLLM from source, ~10 s per process, and the test suite starts over a hundred.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help install test test-fast run lint figures bench clean findings findings-quick
+.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -83,6 +83,11 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 # writes findings/FINDINGS.md, findings/findings.json and findings/figures/. A failed run exits non-zero.
 findings: $(STAMP)  ## every claim of the CPU findings suite (v6, 104 runs: 76 min from a fresh clone on 2 cores; resumable)
 	$(PY) -m analysis.suite
+
+# The testbed map (findings/map/map.yaml): dose-response sweeps of mismatch and staleness for PG-IS, DPPO-TV, GRPO and
+# DRPO, two one-thread runs at a time, resumable; then findings/map/MAP.md, map.json, cells.csv and figures/.
+testbed-map: $(STAMP)  ## where the papers' mechanism shows on this testbed (152 runs, ~2 h on 2 cores; resumable)
+	$(PY) -m analysis.testbed_map
 
 findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs: 9 min from a fresh clone; v5's took 27 min on a 2.8x slower machine); the same two files
 	$(PY) -m analysis.suite --quick

@@ -123,6 +123,29 @@ def rate_difference_interval(a: Sequence[float], b: Sequence[float]) -> tuple[fl
     return float(p - q), float(lo), float(hi)
 
 
+def mean_difference_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), 95% lower, 95% upper): Welch's t interval (unequal variances, Welch-Satterthwaite
+    degrees of freedom), from scipy. Unlike a percentile bootstrap it widens with few seeds as it should: at 3 vs 3
+    seeds the bootstrap's interval covers ~80% of the time, Welch's ~95% (tests/test_coverage.py)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    effect = float(a.mean() - b.mean())
+    if np.ptp(a) == 0 and np.ptp(b) == 0:  # no spread at all: scipy's interval is NaN; the difference is exact
+        return effect, effect, effect
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    return effect, float(ci.low), float(ci.high)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (familywise error over the family given). Hand-written: scipy offers
+    only the false-discovery-rate adjustment, and statsmodels is not a dependency for four lines."""
+    p = np.asarray(pvalues, dtype=float)
+    order = np.argsort(p)
+    adjusted = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(p)
+    out[order] = adjusted
+    return out.tolist()
+
+
 def _center(x: Sequence[float], statistic: str) -> float:
     return float(np.mean(x)) if statistic == "rate" else iqm(x)
 

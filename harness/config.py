@@ -281,6 +281,14 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     n: int = field(default=1, metadata={"ge": 1, "help": "samples per problem (avg@n, pass@n, maj@n)"})
+    engine: Literal["rollout", "policy"] = field(
+        default="rollout",
+        metadata={
+            "help": "who samples the held-out evaluation: the rollout engine, with its precision and logit noise "
+            "(as the papers evaluate), or 'policy': an HF engine holding the trainer's exact weights in fp32, with "
+            "no quantisation or noise, so a mismatch dose never enters the score it is judged by"
+        },
+    )
     temperature: float = field(default=1.0, metadata={"gt": 0})
     top_p: float = field(
         default=1.0,

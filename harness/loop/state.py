@@ -42,7 +42,7 @@ from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_
 from harness.objectives import get_objective
 from harness.objectives.registry import Objective
 from harness.reward_model import RewardModel, evaluate_rm
-from harness.rollout import engine_from_config
+from harness.rollout import engine_from_config, make_engine
 from harness.rollout.base import RolloutEngine
 from harness.tasks import arith_config, load_problems, render_prompts
 from harness.tasks.arith import ArithConfig, Problem
@@ -68,6 +68,7 @@ class Run:
     eval_set: list[Problem]
     eval_prompts: list[str]
     engine: RolloutEngine | None = None  # rank 0's; the others receive its rollouts
+    evaluator: RolloutEngine | None = None  # rank 0's clean fp32 copy of the policy (eval.engine=policy)
     tokens: TokenSamples | None = None  # rank 0's per-token sample (tokens.parquet)
     scorer: RewardModel | None = None  # rank 0's reward model (reward.kind=reward_model); rewards are broadcast
     done_steps: int = 0
@@ -91,6 +92,8 @@ class Run:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
         if self.scorer is not None:
             self.scorer.close()
 
@@ -140,6 +143,11 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
             run.engine = engine_from_config(
                 cfg.rollout, str(model_path), cfg.precision.name, cfg.seed, cfg.model.max_model_len, cfg.device
             )
+            if cfg.eval.engine == "policy":  # fp32, no quantisation, no noise: the policy as the trainer holds it
+                run.evaluator = make_engine(
+                    "hf", str(model_path), "fp32", cfg.seed, cfg.model.max_model_len,
+                    max_topk=cfg.rollout.max_topk, device=cfg.device,
+                )  # fmt: skip
     except (ValueError, OSError, ImportError) as exc:
         raise SetupError(first_line(exc)) from exc
     return run
@@ -310,6 +318,11 @@ def export_or_warn(run: Run, name: str, step: int, score: float | None) -> Path 
 def run_eval(run: Run, step: int) -> dict[str, float]:
     """Evaluate on the benchmark (rank 0, logged there); every rank gets the record. Updates `best`/`last_eval`."""
     cfg = run.cfg
+    if cfg.eval.engine == "policy":  # a collective under FSDP2, as sync_weights
+        state = run.pg.full_state_dict(run.policy)
+        if run.evaluator is not None:
+            run.evaluator.sync_weights(engine_state_dict(run.policy, state))
+    engine = run.evaluator if run.evaluator is not None else run.engine
 
     def on_main() -> dict[str, float]:
         common = dict(
@@ -322,10 +335,10 @@ def run_eval(run: Run, step: int) -> dict[str, float]:
             truncate_prompts=cfg.eval.cut_prompts(tiny_model=cfg.model.path is None),
         )
         if run.scorer is not None:  # RLHF: the reward model's mean score on held-out prompts
-            record, samples = evaluate_rm(run.engine, run.eval_prompts, run.eval_set, run.scorer, **common)
+            record, samples = evaluate_rm(engine, run.eval_prompts, run.eval_set, run.scorer, **common)
         else:
             record, samples = evaluate(
-                run.engine, run.eval_prompts, run.eval_set, grading=cfg.reward.grade_kwargs(), **common
+                engine, run.eval_prompts, run.eval_set, grading=cfg.reward.grade_kwargs(), **common
             )
         run.log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
         run.log.log_samples(step, samples)
