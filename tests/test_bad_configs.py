@@ -217,8 +217,9 @@ def test_cli_refuses_values_that_used_to_fail_after_the_model_loaded(tmp_path):
 
 
 def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):
-    """mode=eval benchmark=aime24 reads the hub by default; with no network it ends like training does: exit 2
-    and one line (not datasets' retries and a traceback). HF_ENDPOINT points at a host that cannot resolve, so
+    """mode=eval with a hub benchmark (benchmark.path=HuggingFaceH4/aime_2024; the default reads the repository's
+    data/aime/) and no network ends like training does: exit 2 and one line (not datasets' retries and a
+    traceback). HF_ENDPOINT points at a host that cannot resolve, so
     the test means the same on a machine that has a network."""
     import os
     import subprocess
@@ -232,7 +233,7 @@ def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):
            "WANDB_SILENT": "false"}  # fmt: skip
     res = subprocess.run(
         [sys.executable, str(ROOT / "run.py"), "mode=eval", "benchmark=aime24", "rollout=hf",
-         f"hydra.run.dir={tmp_path / 'eval'}"],
+         "benchmark.path=HuggingFaceH4/aime_2024", f"hydra.run.dir={tmp_path / 'eval'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert res.returncode == 2, res.stderr[-2000:]

@@ -3,6 +3,7 @@ with the reward config, and avg@k / pass@k / maj@k on hand-computed cases."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from harness.tasks.templates import render
 from tests.conftest import compose
 
 ROOT = Path(__file__).resolve().parents[1]
-AIME_DIR = ROOT.parent / "shared" / "data" / "aime"
+AIME_DIR = ROOT / "data" / "aime"  # the copy in this repository (data/aime/README.md)
 AIME24, AIME25 = AIME_DIR / "aime24.jsonl", AIME_DIR / "aime25.jsonl"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -56,7 +57,7 @@ def test_aime_files_load_with_ids_and_integer_answers():
         assert [p.id for p in problems] == aime_ids(year)
         assert all(p.kind == kind and p.question.strip() for p in problems)
         assert all(re.fullmatch(r"0|[1-9]\d{0,2}", p.answer) for p in problems)
-    # Spot checks against the README's published answer keys.
+    # Spot checks against the answer keys data/aime/README.md lists.
     first = {p.id: p.answer for p in load_benchmark_file(str(AIME24), "aime24")}
     assert (first["2024-I-1"], first["2024-I-8"], first["2024-II-15"]) == ("204", "197", "315")
 
@@ -71,6 +72,22 @@ def test_aime24_25_through_the_config_is_both_years():
     # A prefix takes the years in turns, so a smaller eval keeps the mix.
     cfg = validate(compose("benchmark=aime24_25", f"benchmark.path=[{AIME24},{AIME25}]", "benchmark.max_problems=4"))
     assert [p.id for p in load_benchmark(cfg.benchmark, cfg.data)] == ["2024-I-1", "2025-I-1", "2024-I-2", "2025-I-2"]
+
+
+def test_aime_benchmarks_read_the_copy_in_this_repository_by_default(monkeypatch):
+    """benchmark=aime24 / aime25 / aime24_25 need no network: their default paths are the files in data/aime/,
+    relative to the repository root (where run.py is started), and those files are the ones data/aime/README.md
+    records (sha256)."""
+    monkeypatch.chdir(ROOT)
+    readme = (AIME_DIR / "README.md").read_text()
+    for path in (AIME24, AIME25):
+        assert f"`{path.name}` {hashlib.sha256(path.read_bytes()).hexdigest()}" in readme
+    both = aime_ids(2024) + aime_ids(2025)
+    for name, ids in (("aime24", aime_ids(2024)), ("aime25", aime_ids(2025)), ("aime24_25", both)):
+        cfg = validate(compose(f"benchmark={name}"))
+        paths = [cfg.benchmark.path] if isinstance(cfg.benchmark.path, str) else list(cfg.benchmark.path)
+        assert paths and all(p.startswith("data/aime/") for p in paths), paths
+        assert [p.id for p in load_benchmark(cfg.benchmark, cfg.data)] == ids
 
 
 def test_every_aime_answer_grades_right_and_its_successor_wrong():

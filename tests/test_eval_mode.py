@@ -18,7 +18,7 @@ from harness.loop.train import train
 from tests.conftest import FAST_TRAINER, compose
 
 ROOT = Path(__file__).resolve().parents[1]
-AIME24 = ROOT.parent / "shared" / "data" / "aime" / "aime24.jsonl"
+AIME24 = ROOT / "data" / "aime" / "aime24.jsonl"  # the copy in this repository (data/aime/README.md)
 AIME25 = AIME24.with_name("aime25.jsonl")
 DAPO = Path(__file__).resolve().parent / "fixtures" / "dapo_verl.jsonl"
 EVAL = ["mode=eval", "rollout=hf", "logger=none", "trainer.threads=1", "trainer.max_new_tokens=16"]

@@ -1,4 +1,4 @@
-"""Trust-region objectives for LLM RL as pure, registered functions (spec: shared/reference/objectives.md).
+"""Trust-region objectives for LLM RL as pure, registered functions (spec: the objectives page, docs/objectives.md).
 
 from harness.objectives import get_objective, aggregate, OBJECTIVE_NAMES
 obj = get_objective("dppo", delta=0.2)

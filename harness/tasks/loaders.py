@@ -65,11 +65,18 @@ def read_rows(source: str, *, split: str = "train", key: str = "path") -> Iterat
         yield from _parquet_rows(path)
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
 def check_source(source: str, key: str, read: bool = False) -> Path | None:
     """The local file `source` names (None for a hub dataset name), or a one-line error: a missing file, a
     folder, a type other than .jsonl/.parquet. With `read`, a .jsonl file is also decoded once, so a file that
     is not UTF-8 is named at config time, before any model is built (~0.1 s per 10 MB)."""
     path = Path(source).expanduser()
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        # The repository's own files (data/aime/, tests/fixtures/) are named relative to its root; a run started
+        # from another folder (a sweep's job, a test's temporary folder) still finds them.
+        path = REPO_ROOT / path
     if path.is_file():
         if path.suffix not in FILE_TYPES:
             kind = path.suffix or "(none)"
