@@ -327,8 +327,8 @@ def fig_final_scores(
 
 
 def fig_arm_intervals(rows: Sequence[dict], *, broken_below: float, title: str = "") -> Figure:
-    """One line per arm of a findings suite (analysis.findings.arm_summary rows): final held-out IQM (dot), its 95%
-    bootstrap interval (line) and every seed (a red x where the run broke: collapsed, or held-out below
+    """One line per arm of a findings suite (analysis.findings.arm_summary rows): final held-out mean (dot), its 95%
+    t interval clipped to [0, 1] (line) and every seed (a red x where the run broke: collapsed, or held-out below
     `broken_below`), with "broke k/n" at the right: the collapse rate beside the score, which a bar of means
     hides."""
     rows = [r for r in rows if r["seeds"]]
@@ -341,8 +341,8 @@ def fig_arm_intervals(rows: Sequence[dict], *, broken_below: float, title: str =
         y = len(rows) - 1 - i
         lo, hi = r["final_eval_ci"]
         if np.isfinite(lo) and np.isfinite(hi):
-            ax.hlines(y, lo, hi, color="black", linewidth=1.5)
-        ax.plot(r["final_eval_iqm"], y, "o", color="tab:blue", zorder=3)
+            ax.hlines(y, max(lo, 0.0), min(hi, 1.0), color="black", linewidth=1.5)  # inside the metric's range
+        ax.plot(r["final_eval_mean"], y, "o", color="tab:blue", zorder=3)
         seeds = np.asarray(list(r["final_eval_per_seed"].values()), dtype=float)
         broke = np.isin(np.asarray(list(r["final_eval_per_seed"]), dtype=int), r["broke_seeds"])
         ax.scatter(seeds[~broke], np.full((~broke).sum(), y + 0.18), s=10, color="gray", zorder=2)
@@ -354,7 +354,7 @@ def fig_arm_intervals(rows: Sequence[dict], *, broken_below: float, title: str =
     ax.grid(axis="x", alpha=0.3)
     fig.suptitle(
         _title(title, "final held-out accuracy per arm")
-        + "\ndot: IQM over seeds, line: its 95% bootstrap CI, marks: seeds"
+        + "\ndot: mean over seeds, line: its 95% t interval, marks: seeds"
         + f"\nred x: a run that broke (training reward collapsed, or held-out below {broken_below:g})",
         fontsize=9,
     )

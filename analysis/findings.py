@@ -1,9 +1,11 @@
 """Findings: the suite's runs -> per-run numbers -> one verdict per claim -> FINDINGS.md, findings.json, figures.
 
 Each claim of findings/suite.yaml lists `parts`: a comparison of arm `a` against arm `b` (or against a number),
-on a per-run `metric` (below), decided by a `rule` (analysis/verdicts.py). The claim's effect, interval and
-seeds are its first part's; its verdict combines the parts (any contradicted -> contradicted, all reproduced ->
-reproduced). A claim the CPU suite cannot test has `cpu: false` and a `why`; it gets a row, no verdict.
+on a per-run `metric` (below), decided by a `rule` (analysis/verdicts.py): one of five words per part, Holm-adjusted
+over the claim's parts; the claim gets a one-word summary only where its parts agree. A claim states the
+`condition` it runs at and whether the testbed map found a `positive_control` for its mechanism there: without one
+every part is "not testable here", never a negative verdict. A claim the CPU suite cannot test at all has
+`cpu: false` and a `why`; it gets a row, no verdict.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from scipy import stats
 
 from analysis.suite import ROOT, Suite, settings_differ
 from analysis.verdicts import (
-    CONTRADICTED,
     INCONCLUSIVE,
+    NOT_TESTABLE,
+    OPPOSITE,
     REPRODUCED,
+    SMALLER,
     Rule,
-    combine,
     compare,
-    iqm_interval,
+    mean_interval,
     replication_seeds,
+    summarize,
 )
 from harness.loop.runlog import read_jsonl
 
@@ -201,28 +205,42 @@ def evaluate_claims(
     return [claim_entry(c, per_run) for c in claims], per_run, curves
 
 
+def _against(rule: Rule) -> str:
+    """The verdict on the far side of a rule from `reproduced`: what a replication would plan toward otherwise."""
+    return SMALLER if rule.kind.endswith("_by") else OPPOSITE
+
+
 def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "id": claim["id"], "claim": claim["claim"], "paper": claim["paper"], "cpu": claim.get("cpu", True),
+        "condition": claim.get("condition"), "positive_control": claim.get("positive_control"),
     }  # fmt: skip
     if not claim.get("cpu", True):
         return {**entry, "verdict": "not tested", "why": claim.get("why", "")}
-    parts = []
+    testable = claim.get("positive_control", True) is not False
+    parts, comparisons = [], []
     for part in claim["parts"]:
         rule = Rule(**part["rule"])
         a = _values(per_run, part["a"], part["metric"])
         b = part["b"]
-        b_vals = _values(per_run, b, part["metric"]) if isinstance(b, str) else [float(b)] * max(rule.min_seeds, 1)
+        b_vals = _values(per_run, b, part["metric"]) if isinstance(b, str) else float(b)
         c = compare(a, b_vals, rule)
+        comparisons.append(c)
+        b_list = b_vals if isinstance(b, str) else [float(b)] * max(len(a), 2)
+        inconclusive = c.verdict == INCONCLUSIVE
         parts.append({
             "a": part["a"], "b": b, "metric": part["metric"], "rule": part["rule"], "effect": c.effect,
-            "ci_low": c.ci_low, "ci_high": c.ci_high, "prob_a_better": c.prob_a_better, "seeds": list(c.seeds),
-            "verdict": c.verdict, "why": c.why,
-            "replication_seeds": replication_seeds(a, b_vals, rule) if c.verdict == INCONCLUSIVE else None,
-            "contradiction_seeds": (
-                replication_seeds(a, b_vals, rule, toward=CONTRADICTED) if c.verdict == INCONCLUSIVE else None
-            ),
+            "ci_low": c.ci_low, "ci_high": c.ci_high, "method": c.method, "p": c.p,
+            "prob_a_better": c.prob_a_better, "seeds": list(c.seeds), "verdict_alone": c.verdict, "why": c.why,
+            "replication_seeds": replication_seeds(a, b_list, rule) if inconclusive else None,
+            "contradiction_seeds": replication_seeds(a, b_list, rule, toward=_against(rule)) if inconclusive else None,
         })  # fmt: skip
+    summary, adjusted, p_holm = summarize(comparisons)
+    for part, verdict, p in zip(parts, adjusted, p_holm, strict=True):
+        part["verdict"] = verdict if testable else NOT_TESTABLE
+        part["p_holm"] = p
+    if not testable:
+        summary = NOT_TESTABLE
     head = parts[0]
     arms = {}
     for arm in dict.fromkeys([p["a"] for p in parts] + [p["b"] for p in parts if isinstance(p["b"], str)]):
@@ -247,7 +265,7 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
         "ci_low": head["ci_low"],
         "ci_high": head["ci_high"],
         "seeds": min(head["seeds"]),
-        "verdict": combine([p["verdict"] for p in parts]),
+        "verdict": summary,
         "parts": parts,
         "arms": arms,
     }
@@ -323,6 +341,7 @@ def write_report(
     arms = arm_summary(per_run)
     doc = {
         "suite": str(suite.path.name),
+        **suite_provenance(suite.path),
         "quick": quick,
         "command": command,
         "seeds": list(suite.seeds),
@@ -345,21 +364,44 @@ def write_report(
     return int(len(failed))
 
 
+def suite_provenance(path: Path) -> dict[str, Any]:
+    """The suite file's sha256, the commit that last changed it, and whether the file read differs from that
+    commit's: a report names the preregistration it was decided by."""
+    import hashlib
+    import subprocess
+
+    text = Path(path).read_bytes()
+    info: dict[str, Any] = {"suite_sha": hashlib.sha256(text).hexdigest(), "suite_commit": None, "suite_edited": None}
+    try:
+        git = ["git", "-C", str(ROOT)]
+        rel = str(repo_path(path))
+        commit = subprocess.run(
+            [*git, "log", "-1", "--format=%H", "--", rel], capture_output=True, text=True, check=True
+        )
+        info["suite_commit"] = commit.stdout.strip() or None
+        if info["suite_commit"]:
+            committed = subprocess.run([*git, "show", f"{info['suite_commit']}:{rel}"], capture_output=True, check=True)
+            info["suite_edited"] = committed.stdout != text
+    except (OSError, subprocess.CalledProcessError):
+        pass  # not a git checkout: the sha alone names the file
+    return info
+
+
 def arm_summary(per_run: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per arm, over its completed seeds: final held-out IQM with a 95% bootstrap interval, the per-seed values, the
+    """Per arm, over its completed seeds: final held-out mean with a 95% t interval, the per-seed values, the
     median held-out change from step 0, how many runs broke (with an exact binomial interval) and the step-1
     mismatch. A description beside the verdicts; no rule was written for it."""
     rows = []
     for arm in dict.fromkeys(per_run["arm"]) if len(per_run) else []:
         done = per_run[(per_run["arm"] == arm) & (per_run["status"] == "completed")].sort_values("seed")
         finals = done["final_eval"].astype(float)
-        value, lo, hi = iqm_interval(finals.tolist())
+        value, lo, hi = mean_interval(finals.tolist())
         broken = done["broke"] == 1
         broke = int(broken.sum())
         n = int(len(done))
         ci = stats.binomtest(broke, n).proportion_ci(method="exact") if n else None
         rows.append({
-            "arm": arm, "seeds": n, "final_eval_iqm": value, "final_eval_ci": [lo, hi],
+            "arm": arm, "seeds": n, "final_eval_mean": value, "final_eval_ci": [lo, hi],
             "final_eval_per_seed": {int(s): float(v) for s, v in zip(done["seed"], finals, strict=True)},
             "eval_gain_median": float(done["eval_gain"].median()) if n else math.nan,
             "broke": broke, "broke_seeds": [int(x) for x in done.loc[broken, "seed"]],
@@ -413,41 +455,56 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         "# Findings on 2 CPU cores",
         "",
         f"Written by `{doc['command']}` from `{doc['suite']}` "
-        f"(seeds {', '.join(map(str, doc['seeds']))}{_fewer_seeds(doc)}; "
+        + _provenance(doc)
+        + f"(seeds {', '.join(map(str, doc['seeds']))}{_fewer_seeds(doc)}; "
         f"{doc['runs']} runs: {doc['failed_runs']} failed, "
         f"{doc['runs_not_run']} not run yet; "
         f"{doc['wall_time_s'] / 60:.1f} min of runs in this pass; the completed runs took "
         f"{doc['runs_time_s'] / 60:.1f} min of one-thread run time in all, two at a time). "
-        "Effects are IQM(A) − IQM(B) over seeds with a 95% stratified-bootstrap interval (a part whose rule says "
-        "`statistic: rate` compares the rates of a 0/1 metric, with Newcombe's score interval); P(A>B) over seed "
-        "pairs; each verdict follows the rule written in the suite file before the runs.",
+        "Each part compares arm A with arm B on a per-run metric: the effect is mean(A) − mean(B) with Welch's 95% "
+        "interval (a one-sample t interval against a constant; a difference of rates with Newcombe's interval "
+        "where the rule says `statistic: rate`). Verdicts, decided by the rule written in the suite file before the "
+        "runs, are Holm-adjusted over a claim's parts: *reproduced*, *opposite* (a significant effect the other "
+        "way), *smaller than claimed* (an effect as large as the margin excluded, said only with 8 or more seeds "
+        "per arm), *inconclusive*, *not testable here* (no positive control for the mechanism at this condition: "
+        "see findings/map/MAP.md). A claim's one-word summary is given only where its parts agree.",
         "",
-        "| claim | paper | metric | effect | 95% CI | seeds | verdict | figure |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | part | condition | effect [95% CI] | seeds | verdict | claim |",
+        "|---|---|---|---|---|---|---|",
     ]
     for e in doc["claims"]:
         if not e["cpu"]:
-            lines.append(f"| {e['id']}. {e['claim']} | {e['paper']} | – | – | – | – | not tested: {e['why']} | – |")
+            lines.append(f"| {e['id']}. {e['paper']} | – | – | – | – | not tested: {e['why']} | – |")
             continue
-        fig = f"[{Path(e['figure']).name}]({e['figure']})" if e.get("figure") else "–"
-        lines.append(
-            f"| {e['id']}. {e['claim']} | {e['paper']} | {e['metric']} | {_fmt(e['effect'])} | "
-            f"[{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] | {e['seeds']} | **{e['verdict']}** | {fig} |"
-        )
+        for i, p in enumerate(e["parts"]):
+            b = p["b"] if isinstance(p["b"], str) else f"{p['b']}"
+            rule = p["rule"]
+            margin = f" {rule.get('margin', 0)}" if rule.get("margin") else ""
+            lines.append(
+                f"| {e['id'] if i == 0 else ''}{'. ' + e['paper'] if i == 0 else ''} | {p['a']} vs {b}, "
+                f"`{p['metric']}` ({rule['kind']}{margin}) | {e.get('condition') or 'base' if i == 0 else ''} | "
+                f"{_fmt(p['effect'])} [{_fmt(p['ci_low'])}, {_fmt(p['ci_high'])}] | {p['seeds'][0]}/{p['seeds'][1]} | "
+                f"{p['verdict']} | {'**' + e['verdict'] + '**' if i == 0 else ''} |"
+            )
     lines += _optin_section(suite, out)
     lines += _arms_section(doc)
     lines += ["", "## Parts of each claim", ""]
     for e in doc["claims"]:
         if not e["cpu"]:
             continue
+        control = {True: "yes", False: "no: every part is not testable here", None: "not stated"}[
+            e.get("positive_control")
+        ]
         lines.append(f"**Claim {e['id']}** ({e['verdict']}): {e['claim']}")
+        lines.append(f"- condition: {e.get('condition') or 'the base setting'}; positive control there: {control}")
         for p in e["parts"]:
             b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
             lines.append(
                 f"- {p['a']} vs {b} on `{p['metric']}`{' rate' if p['rule'].get('statistic') == 'rate' else ''} "
                 f"({p['rule']['kind']}, margin {p['rule'].get('margin', 0)}): "
-                f"effect {_fmt(p['effect'])}, {p['why']}, P(A>B) {_fmt(p['prob_a_better'], 2)}, "
-                f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict']}{_replication_note(p)}"
+                f"effect {_fmt(p['effect'])}, {p['why']} ({p['method']}), P(A>B) {_fmt(p['prob_a_better'], 2)}, "
+                f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict_alone']} alone, Holm p {_fmt(p['p_holm'], 2)}"
+                f" -> {p['verdict']}{_replication_note(p)}"
             )
         mism = ", ".join(f"{a} {_fmt(v['mismatch_abs_mean'], 2)}" for a, v in e["arms"].items())
         lines.append(f"- step-1 mean |π−μ| per arm: {mism}")
@@ -460,6 +517,14 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _provenance(doc: dict[str, Any]) -> str:
+    if not doc.get("suite_sha"):
+        return ""
+    commit = (doc.get("suite_commit") or "not committed")[:12]
+    edited = ", edited since" if doc.get("suite_edited") else ""
+    return f"(sha256 {doc['suite_sha'][:12]}, last committed in {commit}{edited}) "
 
 
 def _optin_section(suite: Suite, out: Path) -> list[str]:
@@ -491,18 +556,18 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
         "",
         "## The arms (a description beside the verdicts, not a verdict)",
         "",
-        f"Final held-out accuracy: IQM over seeds with a 95% percentile-bootstrap interval. A run *broke* when the "
+        f"Final held-out accuracy: mean over seeds with a 95% t interval. A run *broke* when the "
         f"`collapsed` metric is 1 or its held-out accuracy ended below {BROKEN_EVAL:g}; the interval is exact "
         "(Clopper-Pearson).",
         "",
-        "| arm | seeds | final held-out, IQM | 95% CI | per seed | held-out change, median | broke | 95% CI "
+        "| arm | seeds | final held-out, mean | 95% CI | per seed | held-out change, median | broke | 95% CI "
         "| step-1 mean \\|π−μ\\| |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for a in doc["arms"]:
         per_seed = " / ".join(f"{v:.3f}" for v in a["final_eval_per_seed"].values()) or "–"
         lines.append(
-            f"| {a['arm']} | {a['seeds']} | {_fmt(a['final_eval_iqm'])} | [{_fmt(a['final_eval_ci'][0])}, "
+            f"| {a['arm']} | {a['seeds']} | {_fmt(a['final_eval_mean'])} | [{_fmt(a['final_eval_ci'][0])}, "
             f"{_fmt(a['final_eval_ci'][1])}] | {per_seed} | {_fmt(a['eval_gain_median'])} | "
             f"{a['broke']} of {a['seeds']} | [{_fmt(a['broke_ci'][0], 2)}, {_fmt(a['broke_ci'][1], 2)}] | "
             f"{_fmt(a['mismatch_abs_mean_step1'], 2)} |"
@@ -531,7 +596,7 @@ def _planned(part: dict[str, Any]) -> bool:
 def _plan(part: dict[str, Any]) -> tuple[str, int] | None:
     """The verdict the measured effect points to and the seeds per arm a replication would need to reach it; None
     when the effect lies where no seed count decides."""
-    for toward, key in ((REPRODUCED, "replication_seeds"), (CONTRADICTED, "contradiction_seeds")):
+    for toward, key in ((REPRODUCED, "replication_seeds"), (_against(Rule(**part["rule"])), "contradiction_seeds")):
         if part.get(key) is not None:
             return toward, part[key]
     return None
@@ -543,9 +608,9 @@ def _replication_note(part: dict[str, Any]) -> str:
     plan = _plan(part)
     if plan is None:
         where = _UNDECIDABLE[part["rule"]["kind"]]
-        return f" (the measured effect lies {where}: no seed count would reproduce or contradict it)"
-    verb = "reproduce" if plan[0] == REPRODUCED else "contradict"
-    return f" (a replication at this effect and spread would {verb} it with ~{plan[1]} seeds per arm)"
+        return f" (the measured effect lies {where}: no seed count would decide it)"
+    verb = "reproduce it" if plan[0] == REPRODUCED else f"call it {plan[0]}"
+    return f" (a replication at this effect and spread would {verb} with ~{plan[1]} seeds per arm)"
 
 
 def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
@@ -563,7 +628,7 @@ def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
             if plan is None:
                 why, cost = f"effect {_UNDECIDABLE[p['rule']['kind']]}: not a seed-count problem", "–"
             else:
-                verb = "reproduce" if plan[0] == REPRODUCED else "contradict"
+                verb = "reproduce" if plan[0] == REPRODUCED else f"call it {plan[0]}"
                 why, cost = f"too few seeds to {verb}: ~{plan[1]} per arm", f"{plan[1] * arms * run_h:.1f}"
             rows.append(
                 f"| {e['id']} | {p['a']} vs {b} | `{p['metric']}` | {_fmt(p['effect'])} | "
@@ -575,7 +640,8 @@ def _inconclusive_section(doc: dict[str, Any]) -> list[str]:
         "## Why the inconclusive comparisons are inconclusive",
         "",
         "Seeds per arm a fresh replication would need for its 95% interval to clear the rule's boundary on the "
-        "side the measured effect lies (to reproduce the claim, or to contradict it) with 80% probability, were "
+        "side the measured effect lies (to reproduce the claim, or to call it smaller than claimed or opposite) with "
+        "80% probability, were "
         "the true effect and the per-seed spread what these seeds measured (normal "
         "approximation; `analysis.verdicts.replication_seeds`). A planning number, not a verdict: a replication is "
         "a new experiment on new seeds (`python -m analysis.suite --seeds 3-12`), decided by the same rules on its "

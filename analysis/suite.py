@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.seeds is not None:  # a replication's folder holds these claims' runs alone: it reports only them
             suite.claims = chosen
-    out = args.out or suite.path.parent
+    # The quick subset writes its own folder: a fresh clone's quick pass must never replace the full report.
+    out = args.out or (suite.path.parent / "quick" if args.quick else suite.path.parent)
     claims, seeds, only = suite.selection(args.quick)
     if args.claims is not None:
         # Only the chosen claims' arms run; the suite folder's report still covers every claim (from the runs on
@@ -399,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         suite.arm_seeds = {}
         out = args.out or suite.path.parent / f"seeds_{seeds_label(seeds)}"
     # A replication keeps its runs in its own folder; otherwise the suite file may name a shared one (`runs:`).
-    runs = suite.runs if suite.runs is not None and args.seeds is None else out / "runs"
+    # The quick subset shares the suite folder's runs, so a full pass after it reuses them.
+    runs = suite.runs if suite.runs is not None and args.seeds is None else None
+    runs = runs or (suite.path.parent / "runs" if args.quick and args.seeds is None else out / "runs")
     jobs = suite.jobs_for(claims, seeds, runs, only)
     if args.report_only and not any(j.run_dir.exists() or _log(j).exists() for j in jobs):
         # A report of nothing but "not run" says nothing, and would replace whatever report the folder holds.
@@ -412,11 +415,12 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.time() - t0
     # The report covers every claim and every run on disk: a quick pass leaves the other claims inconclusive (no
     # runs), and a full pass after it reuses the quick runs.
-    every = suite.jobs_for(suite.claims, suite.seeds, runs)
+    reported = claims if args.quick else suite.claims  # the quick folder's report covers the quick claims alone
+    every = jobs if args.quick else suite.jobs_for(suite.claims, suite.seeds, runs)
     every += [j for j in jobs if j not in every]
     status = {j: ran.get(j) or disk_status(j) for j in every}
     failed = write_report(
-        suite, suite.claims, every, status, out, wall_s=wall, quick=args.quick, command=report_command(args)
+        suite, reported, every, status, out, wall_s=wall, quick=args.quick, command=report_command(args)
     )
     return 1 if failed else 0
 

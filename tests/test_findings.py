@@ -7,22 +7,26 @@ import math
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 from analysis import suite as suite_mod
 from analysis.verdicts import (
-    CONTRADICTED,
     INCONCLUSIVE,
+    MIXED,
+    NOT_TESTABLE,
+    OPPOSITE,
     REPRODUCED,
+    SMALLER,
     Rule,
     compare,
     decide,
-    effect_interval,
-    iqm,
+    holm,
+    mean_difference_interval,
+    mean_minus_constant_interval,
     probability_of_improvement,
     rate_difference_interval,
+    summarize,
 )
 
 SEEDS = [0, 1, 2]
@@ -55,7 +59,7 @@ def make_suite(tmp_path: Path, arms: dict[str, list[float]], failed: tuple[str, 
             {"id": 1, "claim": "A beats B", "paper": "Fig. X", "parts": [
                 {"a": "a", "b": "b", "metric": "final_eval", "rule": {"kind": "greater", "margin": 0.02}}]},
             {"id": 2, "claim": "A ~ C", "paper": "Fig. Y", "parts": [
-                {"a": "a", "b": "c", "metric": "final_eval", "rule": {"kind": "equivalent", "margin": 0.1}}]},
+                {"a": "a", "b": "c", "metric": "final_eval", "rule": {"kind": "equivalent", "margin": 0.2}}]},
             {"id": 5, "claim": "at scale", "paper": "Fig. 8", "cpu": False, "why": "needs 30B"},
         ],
     }  # fmt: skip
@@ -89,23 +93,26 @@ def test_planted_effect_is_found_and_equivalence_holds(tmp_path):
     doc = report(make_suite(tmp_path, {"a": [0.50, 0.55, 0.60], "b": [0.10, 0.12, 0.09], "c": [0.52, 0.55, 0.57]}))
     one, two = doc["by_id"][1], doc["by_id"][2]
     assert one["verdict"] == REPRODUCED
-    assert one["effect"] == pytest.approx(0.55 - (0.10 + 0.12 + 0.09) / 3)  # means: nothing is trimmed at 3 seeds
-    assert one["ci_low"] > 0.02 and one["ci_high"] >= one["effect"] >= one["ci_low"]
+    assert one["effect"] == pytest.approx(0.55 - (0.10 + 0.12 + 0.09) / 3)
+    # Welch: s_a^2 / 3 = 0.0025 / 3, s_b^2 / 3 = 0.000233 / 3, df 2.37, t 3.72: 0.4467 +- 0.1122
+    assert (one["ci_low"], one["ci_high"]) == pytest.approx((0.3344, 0.5589), abs=1e-4)
+    assert one["parts"][0]["method"] == "Welch t"
     assert one["seeds"] == 3 and one["parts"][0]["prob_a_better"] == 1.0
     assert one["arms"]["a"]["mismatch_abs_mean"] == pytest.approx(0.01)  # the step-1 mismatch is recorded
     assert two["verdict"] == REPRODUCED
     assert doc["by_id"][5]["verdict"] == "not tested"
     assert doc["exit_code"] == 0 and doc["runs_time_s"] == 9 * 60.0  # every run on disk, though this pass ran none
     md = (tmp_path / "FINDINGS.md").read_text()
-    assert "| 1. A beats B | Fig. X | final_eval |" in md and "**reproduced**" in md
+    assert "| 1. Fig. X | a vs b, `final_eval` (greater 0.02) | base | 0.447 [0.334, 0.559] | 3/3 | reproduced | " in md
+    assert "**reproduced**" in md
 
 
-def test_no_effect_is_inconclusive_and_a_reversed_one_contradicted(tmp_path):
+def test_no_effect_is_inconclusive_and_a_reversed_one_opposite(tmp_path):
     same = report(make_suite(tmp_path / "same", {"a": [0.5, 0.6, 0.4], "b": [0.45, 0.62, 0.5], "c": [0.5, 0.6, 0.4]}))
     assert same["by_id"][1]["verdict"] == INCONCLUSIVE
     rev = report(make_suite(tmp_path / "rev", {"a": [0.1, 0.12, 0.09], "b": [0.5, 0.55, 0.6], "c": [0.9, 0.9, 0.95]}))
-    assert rev["by_id"][1]["verdict"] == CONTRADICTED
-    assert rev["by_id"][2]["verdict"] == CONTRADICTED  # far outside the equivalence band
+    assert rev["by_id"][1]["verdict"] == OPPOSITE
+    assert rev["by_id"][2]["verdict"] == OPPOSITE  # far outside the equivalence band: a difference was seen
 
 
 def test_a_failed_run_makes_its_claims_inconclusive_and_the_suite_fail(tmp_path):
@@ -120,24 +127,24 @@ def test_a_failed_run_makes_its_claims_inconclusive_and_the_suite_fail(tmp_path)
 def test_the_arms_table_counts_broken_runs_with_exact_intervals(tmp_path):
     """Arm a ends 0.30 / 0.30 / 0.05: one run broke (held-out below 0.10). Arm c's seed 0 ends at 0.30 but its
     training reward fell to 0 in the last quarter (`collapsed`): it broke too. Arm b never broke.
-    IQM at 3 seeds is the mean; the bootstrap interval of a's mean is [0.05, 0.30] (all three draws 0.05 have
-    probability 1/27 > 2.5%); Clopper-Pearson for 1 of 3 is [0.0084, 0.9057], for 0 of 3 [0, 0.7076]."""
+    a's mean 0.2167 with the t interval 0.2167 +- 4.303 * 0.1443 / sqrt(3) = [-0.1419, 0.5752]; Clopper-Pearson for
+    1 of 3 is [0.0084, 0.9057], for 0 of 3 [0, 0.7076]."""
     path = make_suite(tmp_path, {"a": [0.30, 0.30, 0.05], "b": [0.2, 0.2, 0.2], "c": [0.3, 0.31, 0.29]})
     write_run(tmp_path / "runs" / "c" / "seed0", [0.5] * 6 + [0.0] * 2, 0.30)
     doc = report(path)
     arms = {a["arm"]: a for a in doc["arms"]}
     a, b, c = arms["a"], arms["b"], arms["c"]
-    assert a["seeds"] == 3 and a["final_eval_iqm"] == pytest.approx(0.65 / 3)
-    assert a["final_eval_ci"] == pytest.approx([0.05, 0.30])
+    assert a["seeds"] == 3 and a["final_eval_mean"] == pytest.approx(0.65 / 3)
+    assert a["final_eval_ci"] == pytest.approx([-0.1419, 0.5752], abs=1e-4)
     assert a["final_eval_per_seed"] == {"0": 0.3, "1": 0.3, "2": 0.05}
     assert a["eval_gain_median"] == pytest.approx(0.1)  # step 0 scored 0.2: gains 0.1, 0.1, -0.15
     assert a["broke"] == 1 and a["broke_ci"] == pytest.approx([0.0084, 0.9057], abs=1e-4)
     assert b["broke"] == 0 and b["broke_ci"] == pytest.approx([0.0, 0.7076], abs=1e-4)
-    assert b["final_eval_ci"] == pytest.approx([0.2, 0.2])  # no spread: nothing to resample
+    assert b["final_eval_ci"] == pytest.approx([0.2, 0.2])  # no spread: the mean is exact
     assert c["broke"] == 1 and c["broke_seeds"] == [0] and a["broke_seeds"] == [2]
     assert a["mismatch_abs_mean_step1"] == pytest.approx(0.01)
     md = (tmp_path / "FINDINGS.md").read_text()
-    assert "| a | 3 | 0.217 | [0.05, 0.3] | 0.300 / 0.300 / 0.050 | 0.1 | 1 of 3 | [0.0084, 0.91] | 0.01 |" in md
+    assert "| a | 3 | 0.217 | [-0.142, 0.575] | 0.300 / 0.300 / 0.050 | 0.1 | 1 of 3 | [0.0084, 0.91] | 0.01 |" in md
     assert doc["arms_figure"] == "figures/arms.png" and "Figure: [figures/arms.png](figures/arms.png)" in md
     assert (tmp_path / "figures" / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -152,15 +159,15 @@ def test_the_rate_statistic_gives_newcombes_worked_intervals():
     assert rate_difference_interval(ones(4, 48), ones(0, 48))[1] < 0
     with pytest.raises(ValueError, match="other than 0 and 1"):
         rate_difference_interval([0.3, 1.0], [0.0, 1.0])
-    with pytest.raises(ValueError, match="rule.statistic: 'median' is not one of iqm, rate"):
+    with pytest.raises(ValueError, match="rule.statistic: 'median' is not one of mean, rate"):
         Rule("greater", statistic="median")
 
 
-def test_a_collapse_rate_the_iqm_trims_away_is_found_by_the_rate_statistic(tmp_path):
-    """24 seeds per arm: arm a breaks in 6 (held-out 0.05), b in none. The IQM keeps the middle 12 of a's sorted
-    0/1 `broke` values, all 0: the `iqm` part sees no effect. The `rate` part sees 6/24 - 0/24 = 0.25 with
+def test_a_collapse_rate_is_found_by_the_rate_statistic(tmp_path):
+    """24 seeds per arm: arm a breaks in 6 (held-out 0.05), b in none. The `rate` part sees 6/24 - 0/24 = 0.25 with
     Newcombe's interval [0.0604, 0.4490] (by hand: Wilson 6/24 is [0.1200, 0.4490], 0/24 is [0, 0.1380]; 0.25 -
-    hypot(0.13, 0.138)). With 2 of 24 broken its interval reaches below 0: inconclusive."""
+    hypot(0.13, 0.138)); the `mean` part, a Welch interval on the 0/1 values, also sees 0.25. With 2 of 24 broken
+    the rate's interval reaches below 0: inconclusive."""
     seeds = list(range(24))
 
     def suite(folder: Path, broken: int) -> Path:
@@ -173,7 +180,7 @@ def test_a_collapse_rate_the_iqm_trims_away_is_found_by_the_rate_statistic(tmp_p
             "claims": [
                 {"id": 1, "claim": "a breaks more often", "paper": "Fig. 3",
                  "parts": [{**part, "rule": {"kind": "greater", "statistic": "rate"}}]},
-                {"id": 2, "claim": "the same, by IQM", "paper": "Fig. 3",
+                {"id": 2, "claim": "the same, by the mean", "paper": "Fig. 3",
                  "parts": [{**part, "rule": {"kind": "greater"}}]},
             ],
         }  # fmt: skip
@@ -182,10 +189,10 @@ def test_a_collapse_rate_the_iqm_trims_away_is_found_by_the_rate_statistic(tmp_p
         return folder / "suite.yaml"
 
     six = report(suite(tmp_path / "six", 6))["by_id"]
-    rate, by_iqm = six[1], six[2]
+    rate, by_mean = six[1], six[2]
     assert rate["verdict"] == REPRODUCED and rate["metric"] == "broke" and rate["seeds"] == 24
     assert (rate["effect"], rate["ci_low"], rate["ci_high"]) == pytest.approx((0.25, 0.0604, 0.4490), abs=1e-4)
-    assert by_iqm["verdict"] == INCONCLUSIVE and by_iqm["effect"] == 0.0
+    assert by_mean["effect"] == pytest.approx(0.25) and by_mean["parts"][0]["method"] == "Welch t"
     header, *rows = (tmp_path / "six" / "runs.csv").read_text().splitlines()
     broke = header.split(",").index("broke")
     assert sorted(r.split(",")[broke] for r in rows if "/a/" in r) == ["0.0"] * 18 + ["1.0"] * 6
@@ -196,42 +203,76 @@ def test_a_collapse_rate_the_iqm_trims_away_is_found_by_the_rate_statistic(tmp_p
 
 
 def test_statistics_match_hand_values():
-    assert iqm([1, 2, 3, 4, 100, 5, 6, 7]) == pytest.approx(np.mean([3, 4, 5, 6]))  # the middle half of 8
+    # Welch, equal spreads: se = sqrt(1/3 + 1/3) = 0.8165, df = 4, t_0.975,4 = 2.7764: -3 +- 2.2670
+    assert mean_difference_interval([1, 2, 3], [4, 5, 6]) == pytest.approx((-3.0, -5.2670, -0.7330), abs=1e-4)
+    # one sample against 0: se = 1 / sqrt(3), df = 2, t = 4.3027: 2 +- 2.4841 (the difference, not the mean)
+    assert mean_minus_constant_interval([1, 2, 3], 0.0) == pytest.approx((2.0, -0.4841, 4.4841), abs=1e-4)
+    assert mean_minus_constant_interval([1, 2, 3], 1.0) == pytest.approx((1.0, -1.4841, 3.4841), abs=1e-4)
+    # Holm over p = 0.01, 0.04, 0.03: sorted 0.01 * 3, 0.03 * 2, 0.04 * 1 -> 0.03, 0.06, then max(0.06, 0.04)
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     # pairs (a > b): 3 > 1, 3 > 2, 2 > 1, and 2 = 2 counts half: 3.5 of 4
     assert probability_of_improvement([3, 2], [1, 2]) == pytest.approx(3.5 / 4)
     r = Rule("greater", margin=0.1)
     assert decide(0.2, 0.5, r)[0] == REPRODUCED
     assert decide(0.05, 0.5, r)[0] == INCONCLUSIVE  # the interval reaches below the margin
-    assert decide(-0.5, -0.2, r)[0] == CONTRADICTED
+    assert decide(-0.5, -0.2, r)[0] == OPPOSITE
     assert decide(-0.5, -0.2, Rule("less", margin=0.1))[0] == REPRODUCED
     assert decide(-0.05, 0.3, Rule("noninferior", margin=0.1))[0] == REPRODUCED  # at worst 0.05 below: within 0.1
     assert decide(-0.3, 0.3, Rule("noninferior", margin=0.1))[0] == INCONCLUSIVE
-    assert decide(-0.5, -0.2, Rule("noninferior", margin=0.1))[0] == CONTRADICTED
+    assert decide(-0.5, -0.2, Rule("noninferior", margin=0.1))[0] == OPPOSITE
     assert compare([0.5, math.nan], [0.1, 0.2], Rule("greater")).verdict == INCONCLUSIVE  # 1 finished seed < 3
     with pytest.raises(ValueError, match="rule.min_seeds"):  # one seed per arm has no interval
         Rule("greater", min_seeds=1)
 
 
-def test_greater_by_contradicts_once_the_claimed_effect_is_excluded():
-    """`greater` (suites v1-v4) leaves ±margin undecided forever; `greater_by` (v5) contradicts a claim of at least
-    +margin when the interval lies below +margin, so an effect of 0 is decidable with enough seeds."""
-    by, old = Rule("greater_by", margin=0.02), Rule("greater", margin=0.02)
-    assert decide(0.03, 0.05, by)[0] == REPRODUCED
-    assert decide(-0.01, 0.015, by)[0] == CONTRADICTED and decide(-0.01, 0.015, old)[0] == INCONCLUSIVE
-    assert decide(-0.01, 0.025, by)[0] == INCONCLUSIVE  # an effect of 0.02 is still inside the interval
-    assert decide(-0.01, 0.015, by)[1] == "95% CI [-0.01, 0.015] excludes an effect >= 0.02"
+def test_greater_by_says_smaller_than_claimed_only_with_eight_seeds_per_arm():
+    """`greater_by` says *smaller than claimed* when the interval excludes an effect as large as the margin but not
+    a positive one, and only with 8 or more seeds in each arm; below 0 it is *opposite* at any seed count."""
+    by, plain = Rule("greater_by", margin=0.02), Rule("greater", margin=0.02)
+    assert decide(0.03, 0.05, by, (3, 3))[0] == REPRODUCED
+    assert decide(-0.01, 0.015, by, (8, 8)) == (SMALLER, "95% CI [-0.01, 0.015] excludes an effect >= 0.02")
+    assert decide(-0.01, 0.015, by, (8, 7))[0] == INCONCLUSIVE  # 7 seeds in B: too few to call it smaller
+    assert "fewer than 8 seeds" in decide(-0.01, 0.015, by, (3, 3))[1]
+    assert decide(-0.01, 0.015, plain, (8, 8))[0] == INCONCLUSIVE  # `greater` has no size to fall short of
+    assert decide(-0.03, -0.01, by, (3, 3))[0] == OPPOSITE  # a significant effect the other way
+    assert decide(-0.03, -0.01, plain, (3, 3))[0] == INCONCLUSIVE  # `greater`: the other way only past -margin
+    assert decide(-0.01, 0.025, by, (8, 8))[0] == INCONCLUSIVE  # an effect of 0.02 is still inside the interval
     less = Rule("less_by", margin=0.02)
     assert decide(-0.05, -0.03, less)[0] == REPRODUCED
-    assert decide(-0.015, 0.01, less)[0] == CONTRADICTED and decide(-0.025, 0.01, less)[0] == INCONCLUSIVE
+    assert decide(-0.015, 0.01, less, (8, 8))[0] == SMALLER and decide(0.01, 0.03, less)[0] == OPPOSITE
     # Planning: the distance is to +margin either way; 7.84888 * 0.02 / 0.1^2 = 15.7 -> 16.
     from analysis.verdicts import replication_seeds
 
     a, b = [0.5, 0.6, 0.7], [0.3, 0.4, 0.5]  # effect 0.2
     assert replication_seeds(a, b, Rule("greater_by", margin=0.1)) == 16
-    assert replication_seeds(a, b, Rule("greater_by", margin=0.3), toward=CONTRADICTED) == 16  # 0.1 below +0.3
-    assert replication_seeds(a, b, Rule("greater", margin=0.3), toward=CONTRADICTED) is None  # the old kind: never
+    assert replication_seeds(a, b, Rule("greater_by", margin=0.3), toward=SMALLER) == 16  # 0.1 below +0.3
+    assert replication_seeds(a, b, Rule("greater", margin=0.3), toward=SMALLER) is None  # no such verdict
     assert replication_seeds(b, a, Rule("less_by", margin=0.1)) == 16
-    assert replication_seeds(b, a, Rule("less_by", margin=0.3), toward=CONTRADICTED) == 16
+    assert replication_seeds(b, a, Rule("less_by", margin=0.3), toward=SMALLER) == 16
+    # never fewer than the 8 seeds "smaller than claimed" needs: 7.849 * 0.02 / 0.2^2 = 3.9
+    assert replication_seeds(a, b, Rule("greater_by", margin=0.4), toward=SMALLER) == 8
+
+
+def test_holm_over_a_claims_parts_and_a_summary_only_where_they_agree():
+    """Two parts reproduced alone at p 0.02 and 0.04: Holm makes them 0.04 and 0.04 (both kept); with a third at
+    0.03 they become 0.06, 0.06, 0.06 and every part is inconclusive after the correction. Parts that disagree
+    get no one-word summary."""
+    from analysis.verdicts import Comparison
+
+    def part(verdict: str, p: float) -> Comparison:
+        return Comparison(0.1, 0.05, 0.15, 0.9, (8, 8), verdict, "", p, "Welch t")
+
+    assert summarize([part(REPRODUCED, 0.02), part(REPRODUCED, 0.04)]) == (
+        REPRODUCED, [REPRODUCED, REPRODUCED], pytest.approx([0.04, 0.04])
+    )  # fmt: skip
+    three = summarize([part(REPRODUCED, 0.02), part(REPRODUCED, 0.04), part(REPRODUCED, 0.03)])
+    assert three[0] == INCONCLUSIVE and three[1] == [INCONCLUSIVE] * 3
+    assert summarize([part(REPRODUCED, 0.001), part(OPPOSITE, 0.001)])[0] == MIXED
+    assert summarize([part(REPRODUCED, 0.001), part(INCONCLUSIVE, 1.0)])[0] == MIXED
+    # compare's p is the level at which the interval just clears the reached boundary: for the hand vector above
+    # (-3 +- 2.267 at 95%, df 4) against `less` at margin 0: the two-sided p of t = 3 / 0.8165 = 3.674 on 4 df.
+    c = compare([1, 2, 3], [4, 5, 6], Rule("less"))
+    assert c.verdict == REPRODUCED and c.p == pytest.approx(0.02131, abs=1e-4)
 
 
 def test_a_rule_the_report_cannot_apply_stops_the_suite_before_any_run(tmp_path):
@@ -302,46 +343,48 @@ def test_replication_seeds_match_the_two_sample_formula():
 
 
 def test_contradiction_seeds_plan_toward_the_other_boundary():
-    """The same formula toward the boundary that contradicts: d is the distance past -margin (greater,
-    noninferior), past +margin (less), or outside the band (equivalent); s_a^2 + s_b^2 = 0.02 as above."""
+    """The same formula toward the *opposite* boundary: d is the distance past -margin (greater, noninferior),
+    past +margin (less), or outside the band (equivalent); s_a^2 + s_b^2 = 0.02 as above."""
     from analysis.verdicts import replication_seeds
 
     a, b = [0.5, 0.6, 0.7], [0.3, 0.4, 0.5]  # a - b = 0.2, b - a = -0.2
-    assert replication_seeds(b, a, Rule("greater", margin=0.1), toward=CONTRADICTED) == 16  # -0.2 is 0.1 below -0.1
-    assert replication_seeds(a, b, Rule("less", margin=0.1), toward=CONTRADICTED) == 16
-    assert replication_seeds(b, a, Rule("noninferior", margin=0.1), toward=CONTRADICTED) == 16
-    assert replication_seeds(a, b, Rule("equivalent", margin=0.1), toward=CONTRADICTED) == 16  # 0.1 outside the band
+    assert replication_seeds(b, a, Rule("greater", margin=0.1), toward=OPPOSITE) == 16  # -0.2 is 0.1 below -0.1
+    assert replication_seeds(a, b, Rule("less", margin=0.1), toward=OPPOSITE) == 16
+    assert replication_seeds(b, a, Rule("noninferior", margin=0.1), toward=OPPOSITE) == 16
+    assert replication_seeds(a, b, Rule("equivalent", margin=0.1), toward=OPPOSITE) == 16  # 0.1 outside the band
     # d = 0.15: 7.849 * 0.02 / 0.0225 = 6.98
-    assert replication_seeds(b, a, Rule("greater", margin=0.05), toward=CONTRADICTED) == 7
+    assert replication_seeds(b, a, Rule("greater", margin=0.05), toward=OPPOSITE) == 7
     # Within +-margin a `greater` rule is undecidable both ways; past +margin only reproduction is planned.
-    assert replication_seeds(a, b, Rule("greater", margin=0.25), toward=CONTRADICTED) is None
-    assert replication_seeds(a, b, Rule("greater", margin=0.1), toward=CONTRADICTED) is None
-    assert replication_seeds(a, b, Rule("equivalent", margin=0.3), toward=CONTRADICTED) is None  # inside the band
+    assert replication_seeds(a, b, Rule("greater", margin=0.25), toward=OPPOSITE) is None
+    assert replication_seeds(a, b, Rule("greater", margin=0.1), toward=OPPOSITE) is None
+    assert replication_seeds(a, b, Rule("equivalent", margin=0.3), toward=OPPOSITE) is None  # inside the band
     with pytest.raises(ValueError, match="toward: 'inconclusive'"):
         replication_seeds(a, b, Rule("greater"), toward=INCONCLUSIVE)
 
 
 def test_report_says_why_each_inconclusive_comparison_is_inconclusive(tmp_path):
-    doc = report(make_suite(tmp_path, {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.45, 0.6, 0.75]}))
+    """Claim 2 (a ~ c within 0.2): effect 0 with s_a^2 + s_c^2 = 0.01 + 0.0225; Welch's interval at 3 seeds
+    (df 3.5) is +-0.31, inconclusive; 7.849 * 0.0325 / 0.2^2 = 6.4 -> 7 seeds per arm to reproduce."""
+    doc = report(make_suite(tmp_path, {"a": [0.5, 0.6, 0.7], "b": [0.1, 0.2, 0.3], "c": [0.45, 0.6, 0.75]}))
     one, two = doc["by_id"][1]["parts"][0], doc["by_id"][2]["parts"][0]
     assert one["verdict"] == REPRODUCED and one["replication_seeds"] is None  # decided: nothing to plan
-    assert two["verdict"] == INCONCLUSIVE and two["replication_seeds"] == 26  # effect 0: 7.849 * 0.0325 / 0.1^2 = 25.5
+    assert two["verdict"] == INCONCLUSIVE and two["replication_seeds"] == 7
     md = (tmp_path / "FINDINGS.md").read_text()
-    assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.1 | too few seeds to reproduce: ~26 per arm | 0.9 |" in md
-    assert two["contradiction_seeds"] is None  # an effect of 0 lies inside the band: it cannot contradict
+    assert "| 2 | a vs c | `final_eval` | 0 | equivalent 0.2 | too few seeds to reproduce: ~7 per arm | 0.2 |" in md
+    assert two["contradiction_seeds"] is None  # an effect of 0 lies inside the band: never opposite
     inside = report(make_suite(tmp_path / "in", {"a": [0.5, 0.6, 0.7], "b": [0.49, 0.6, 0.7], "c": [0.5, 0.6, 0.7]}))
     part = inside["by_id"][1]["parts"][0]  # effect 0.0033 against a `greater` margin of 0.02: neither way
     assert part["replication_seeds"] is None and part["contradiction_seeds"] is None
     md = (tmp_path / "in" / "FINDINGS.md").read_text()
     assert "effect within ±margin: not a seed-count problem" in md
-    assert "no seed count would reproduce or contradict it" in md
-    far = report(make_suite(tmp_path / "far", {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.2, 0.4, 0.6]}))
-    part = far["by_id"][2]["parts"][0]  # a - c = 0.2, 0.1 outside the ±0.1 band; spread 0.01 + 0.04
+    assert "no seed count would decide it" in md
+    far = report(make_suite(tmp_path / "far", {"a": [0.5, 0.6, 0.7], "b": [0.3, 0.4, 0.5], "c": [0.1, 0.3, 0.5]}))
+    part = far["by_id"][2]["parts"][0]  # a - c = 0.3, 0.1 outside the ±0.2 band; spread 0.01 + 0.04
     assert far["by_id"][2]["verdict"] == INCONCLUSIVE and part["replication_seeds"] is None
     assert part["contradiction_seeds"] == 40  # 7.849 * 0.05 / 0.1^2 = 39.2
     md = (tmp_path / "far" / "FINDINGS.md").read_text()
-    assert "| 2 | a vs c | `final_eval` | 0.2 | equivalent 0.1 | too few seeds to contradict: ~40 per arm |" in md
-    assert "would contradict it with ~40 seeds per arm" in md
+    assert "| 2 | a vs c | `final_eval` | 0.3 | equivalent 0.2 | too few seeds to call it opposite: ~40 per arm |" in md
+    assert "would call it opposite with ~40 seeds per arm" in md
 
 
 def test_a_replication_runs_new_seeds_in_its_own_folder_and_never_pools_them(tmp_path):
@@ -621,54 +664,6 @@ def test_runs_csv_names_run_folders_inside_the_repository_relative_to_it(tmp_pat
     assert repo_path(tmp_path / "runs" / "a" / "seed0") == tmp_path / "runs" / "a" / "seed0"  # outside: as given
 
 
-@pytest.mark.parametrize("report", ["v5/fresh_clone/", "v5/first_machine/", "seeds_810-825/", "seeds_830-853/"])
-def test_the_planning_analysis_applies_the_suites_rules_as_the_suite_did(report):
-    """findings/calib/plan_half.py (CALIBRATION sections 24-25, behind suite v6's seeds) re-applies suite
-    v5's parts and rules to runs it draws. Given a committed report's own runs, undrawn, it must reach that
-    report's interval for every part and its verdict for every claim."""
-    import importlib.util
-
-    findings = suite_mod.ROOT / "findings"
-    spec = importlib.util.spec_from_file_location("plan_half", findings / "calib" / "plan_half.py")
-    plan_half = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan_half)
-    doc = json.loads((findings / report / "findings.json").read_text())
-    tested = {c["id"]: c for c in doc["claims"] if c.get("parts")}
-    claims = [c for c in yaml.safe_load((findings / "v5" / "suite.yaml").read_text())["claims"] if c["id"] in tested]
-    runs = plan_half.pooled_runs([f"{report}runs.csv"])
-    assert plan_half.claim_verdicts(claims, runs, resamples=5000) == {i: c["verdict"] for i, c in tested.items()}
-    for claim in claims:
-        for part, reported in zip(claim["parts"], tested[claim["id"]]["parts"], strict=True):
-            _, lo, hi = effect_interval(*plan_half.sides(part, runs), resamples=5000)
-            assert (lo, hi) == pytest.approx((reported["ci_low"], reported["ci_high"]), abs=1e-12), part
-
-
-def test_compare_machines_prints_both_reports_side_by_side_and_refuses_two_suites():
-    """findings/calib/compare_machines.py (the README's v5 two-machine table): on the two committed v5 reports it
-    counts 3 decided claims each (2, 3, 4: the README's "3 of the 9 ... the same three"), puts each part's
-    numbers side by side, and refuses two files that are not the same suite (the opt-in suite tests other parts
-    of claims 2, 4, 8 and 10)."""
-    import subprocess
-    import sys
-
-    findings = suite_mod.ROOT / "findings"
-    script = str(findings / "calib" / "compare_machines.py")
-    first = findings / "v5" / "first_machine" / "findings.json"
-    second = findings / "v5" / "fresh_clone" / "findings.json"
-    out = subprocess.run([sys.executable, script, str(first), str(second)], capture_output=True, text=True).stdout
-    assert out.rstrip().endswith("decided: 3 (first), 3 (second)")
-    rows = [line for line in out.splitlines() if line.startswith("| 2: ")]
-    assert rows and rows[0].startswith("| 2: contradicted / contradicted | dppo_kl vs dppo_kl_recompute, final_eval")
-    # The README's numbers, the first machine's column first.
-    assert rows[0].endswith("| -0.019 [-0.030, -0.002] **contradicted** | +0.007 [-0.031, +0.100] inconclusive |")
-    bad = subprocess.run(
-        [sys.executable, script, str(first), str(findings / "optin" / "findings.json")],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 1 and "the two files are not the same suite" in bad.stderr
-
-
 def test_claims_on_the_suites_seeds_runs_their_arms_and_keeps_every_claim_in_the_report(tmp_path, capsys):
     """`--claims 2` on the suite's own seeds runs only claim 2's arms (a, c: arm b's missing run is not started)
     and still writes every claim to the suite folder's report, claim 1 from the runs on disk, so rerunning one
@@ -735,3 +730,38 @@ def test_arm_seeds_runs_an_arm_on_the_first_seeds_only_and_a_replication_on_all(
         path.write_text(yaml.safe_dump({**raw, "arm_seeds": bad}))
         with pytest.raises(SystemExit, match=match):
             suite_mod.Suite.load(path)
+
+
+def test_a_claim_without_a_positive_control_is_not_testable_here_never_negative(tmp_path):
+    """Claim 1 (a > b) with a reversed effect is `opposite`; the same runs with `positive_control: false` (the
+    testbed map found no dose at which the mechanism shows) give every part "not testable here", and the report
+    carries the claim's condition."""
+    path = make_suite(tmp_path, {"a": [0.1, 0.12, 0.09], "b": [0.5, 0.55, 0.6], "c": [0.1, 0.12, 0.09]})
+    assert report(path)["by_id"][1]["verdict"] == OPPOSITE
+    suite = yaml.safe_load(path.read_text())
+    suite["claims"][0].update(condition="W4A4 rollouts, 4 updates per rollout", positive_control=False)
+    path.write_text(yaml.safe_dump(suite))
+    one = report(path)["by_id"][1]
+    assert one["verdict"] == NOT_TESTABLE and [p["verdict"] for p in one["parts"]] == [NOT_TESTABLE]
+    assert one["parts"][0]["verdict_alone"] == OPPOSITE  # what the interval alone said stays on record
+    assert one["condition"] == "W4A4 rollouts, 4 updates per rollout" and one["positive_control"] is False
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert "positive control there: no: every part is not testable here" in md
+
+
+def test_the_quick_subset_writes_its_own_folder_and_leaves_the_full_report(tmp_path):
+    """`--quick` reports into <suite folder>/quick/ from the suite folder's runs: a fresh clone's quick pass
+    must never replace the committed full report."""
+    path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    suite = yaml.safe_load(path.read_text())
+    suite["quick"] = {"claims": [1], "arms": ["a", "b"], "seeds": [0, 1, 2]}
+    path.write_text(yaml.safe_dump(suite))
+    full = report(path)
+    before = (tmp_path / "findings.json").read_text()
+    assert suite_mod.main(["--suite", str(path), "--quick", "--report-only"]) == 0
+    assert (tmp_path / "findings.json").read_text() == before
+    quick = json.loads((tmp_path / "quick" / "findings.json").read_text())
+    assert quick["quick"] is True and [c["id"] for c in quick["claims"]] == [1]
+    assert quick["claims"][0]["effect"] == pytest.approx(full["by_id"][1]["effect"])
+    assert len(full["claims"]) == 3 and not (tmp_path / "quick" / "runs").exists()
+    assert quick["suite_sha"] == full["suite_sha"] and len(quick["suite_sha"]) == 64
