@@ -332,6 +332,10 @@ def write_report(
 ) -> int:  # fmt: skip
     """Write findings.json and FINDINGS.md (and figures); returns the number of failed runs."""
     entries, per_run, curves = evaluate_claims(claims, jobs, status)
+    for entry in entries:  # a named condition reads as what it is
+        cond = getattr(suite, "conditions", {}).get(str(entry.get("condition")))
+        if cond is not None:
+            entry["condition"] = f"{entry['condition']}: {cond.get('what', '')}".rstrip(": ")
     by_id = {c["id"]: c for c in claims}
     for entry in entries:
         figs = claim_figures(by_id[entry["id"]], curves, per_run, out)

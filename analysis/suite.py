@@ -70,6 +70,9 @@ class Suite:
     # Arms that run only the first n of the seeds in force (`arm_seeds:`): seeds go where a claim needs them. Not
     # inherited through `extends`, and a replication (--seeds) runs every arm on all its seeds.
     arm_seeds: dict[str, int] = field(default_factory=dict)
+    # Named conditions a claim runs at (`conditions:`): what they are, and whether the testbed map found a positive
+    # control for the mechanism there. A claim names one with `condition:`.
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path, _seen: tuple[Path, ...] = (), _optin: bool = True) -> Suite:
@@ -104,10 +107,9 @@ class Suite:
                     f"1 to {len(suite.seeds)}"
                 )
             suite.arm_seeds[arm] = n
+        suite.conditions = {str(k): dict(v or {}) for k, v in (raw.get("conditions") or {}).items()}
         for claim in suite.claims:
-            for arm in claim_arms(claim):
-                if arm not in suite.arms:
-                    raise SystemExit(f"error: {path}: claim {claim['id']} names arm {arm!r}, not in arms")
+            _check_claim(path, claim, suite)
             for part in claim.get("parts", []):  # a rule the report cannot apply must fail now, not after the runs
                 try:
                     Rule(**part.get("rule", {}))
@@ -142,6 +144,24 @@ class Suite:
             for arm in arms
             if i < self.arm_seeds.get(arm, len(seeds))
         ]
+
+
+def _check_claim(path: Path, claim: dict[str, Any], suite: Suite) -> None:
+    """A claim's arms, condition, positive control, metrics and rules must all exist before any run."""
+    from analysis.findings import METRICS  # the metrics live with the report that computes them
+
+    where = f"error: {path}: claim {claim.get('id')}"
+    for arm in claim_arms(claim):
+        if arm not in suite.arms:
+            raise SystemExit(f"{where} names arm {arm!r}, not in arms")
+    if "condition" in claim and str(claim["condition"]) not in suite.conditions:
+        allowed = ", ".join(suite.conditions) or "none: the file has no `conditions:`"
+        raise SystemExit(f"{where}: condition {claim['condition']!r} is not one of the file's conditions ({allowed})")
+    if claim.get("positive_control", None) not in (True, False, None):
+        raise SystemExit(f"{where}: positive_control is {claim['positive_control']!r}; allowed: true, false")
+    for part in claim.get("parts", []):
+        if part.get("metric") not in METRICS:
+            raise SystemExit(f"{where}: metric {part.get('metric')!r} is not one of {', '.join(METRICS)}")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -5,7 +5,8 @@ share them.
 Statistics (`Rule.statistic`), chosen for intervals that cover at the few seeds a CPU suite affords
 (tests/test_coverage.py simulates every seed pair the suite uses):
 - `mean` (the default): the effect is mean(A) - mean(B), its interval Welch's t interval (scipy's `ttest_ind` with
-  unequal variances). Against a constant (a part whose `b` is a number) it is the one-sample t interval. The
+  unequal variances). Against a constant (a part whose `b` is a number) the effect is median(A) - b with the
+  distribution-free order-statistic interval of the median (one arm's runs, breaks and all, are far from normal). The
   percentile bootstrap of suites v1-v6 covered ~80% at 3 vs 3 seeds and ~91% at 8 vs 8; Welch's covers >= 93%
   on normal data and on a mixture with the suite's break rate.
 - `rate`: for a 0/1 metric (did the run break?): the difference of the two arms' rates and Newcombe's hybrid score
@@ -108,6 +109,24 @@ def mean_minus_constant_interval(a: ArrayLike, c: float, confidence: float = 0.9
     return _out(effect, np.where(exact, effect, ci.low - c), np.where(exact, effect, ci.high - c))
 
 
+def median_minus_constant_interval(a: ArrayLike, c: float, confidence: float = 0.95) -> tuple[Any, Any, Any]:
+    """(median(a) - c, lower, upper): the distribution-free interval of the median from order statistics (the sign
+    test inverted), over the last axis: [x_(k), x_(n-k+1)] with the largest k whose coverage
+    1 - 2 P(Bin(n, 1/2) < k) is at least `confidence`. A part against a constant compares one arm's per-run values,
+    whose breaks make them far from normal: the one-sample t interval covered 78% at 8 seeds with the suite's break
+    rate, this one at least 95% whatever the distribution. With too few values for the confidence (3 at 95%) the
+    interval is unbounded."""
+    a = np.sort(np.asarray(a, dtype=float), axis=-1)
+    n = a.shape[-1]
+    effect = np.median(a, axis=-1) - c
+    ks = np.arange(1, n // 2 + 1)
+    ok = ks[1 - 2 * stats.binom.cdf(ks - 1, n, 0.5) >= confidence]
+    if not len(ok):
+        return _out(effect, np.full_like(effect, -np.inf), np.full_like(effect, np.inf))
+    k = int(ok.max())
+    return _out(effect, a[..., k - 1] - c, a[..., n - k] - c)
+
+
 def _out(*values: np.ndarray) -> tuple[Any, ...]:
     """Floats for one experiment, arrays for many."""
     return tuple(float(v) if np.ndim(v) == 0 else v for v in values)
@@ -136,8 +155,8 @@ def interval_function(statistic: str, b_constant: bool) -> tuple[Callable[..., t
         return rate_difference_interval, "Newcombe hybrid score"
     if b_constant:
         return (
-            lambda a, b, confidence=0.95: mean_minus_constant_interval(a, float(np.ravel(b)[0]), confidence)
-        ), "one-sample t"
+            lambda a, b, confidence=0.95: median_minus_constant_interval(a, float(np.ravel(b)[0]), confidence)
+        ), "median, order statistics"
     return mean_difference_interval, "Welch t"
 
 

@@ -765,3 +765,25 @@ def test_the_quick_subset_writes_its_own_folder_and_leaves_the_full_report(tmp_p
     assert quick["claims"][0]["effect"] == pytest.approx(full["by_id"][1]["effect"])
     assert len(full["claims"]) == 3 and not (tmp_path / "quick" / "runs").exists()
     assert quick["suite_sha"] == full["suite_sha"] and len(quick["suite_sha"]) == 64
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"condition": "Z"}, r"claim 1: condition 'Z' is not one of the file's conditions \(M\)"),
+        ({"positive_control": "yes"}, r"claim 1: positive_control is 'yes'; allowed: true, false"),
+        ({"parts": [{"a": "a", "b": "b", "metric": "final_evl", "rule": {"kind": "greater"}}]},
+         r"claim 1: metric 'final_evl' is not one of final_eval, "),
+    ],
+)  # fmt: skip
+def test_a_suite_naming_an_unknown_condition_or_metric_is_refused_before_any_run(tmp_path, edit, message):
+    path = make_suite(tmp_path, {"a": [0.5, 0.5, 0.5], "b": [0.4, 0.4, 0.4], "c": [0.5, 0.5, 0.5]})
+    suite = yaml.safe_load(path.read_text())
+    suite["conditions"] = {"M": {"what": "logit noise 2", "positive_control": True}}
+    suite["claims"][0].update(edit)
+    path.write_text(yaml.safe_dump(suite))
+    with pytest.raises(SystemExit, match=message):
+        suite_mod.Suite.load(path)
+    suite["claims"][0].update(condition="M", positive_control=True, parts=suite["claims"][1]["parts"])
+    path.write_text(yaml.safe_dump(suite))
+    assert suite_mod.Suite.load(path).conditions["M"]["what"] == "logit noise 2"
