@@ -269,6 +269,13 @@ class TrainerConfig:
         default=(),
         metadata={"help": "fault injection (tests, drills): the model's logits are NaN in every update of these steps"},
     )
+    save_batches: tuple[int, ...] = field(
+        default=(),
+        metadata={
+            "help": "steps whose mini-batch objective inputs (pi, mu, pi_old, A, mask, entropy) are saved to "
+            "batches/step_<k>.pt, for replaying every objective on the same tokens (python -m analysis.replay)"
+        },
+    )
     tokens_per_eval: int = field(
         default=2000,
         metadata={

@@ -228,6 +228,8 @@ def update(
     )
     if mb.has_signal:  # Fig. 6 / App. D: the tokens this update masks or clipped
         run.clipped.add(zero_weight(out.loss_mat, lp.logp), b, lp.entropy)
+    if mb.has_signal and step in t.save_batches:
+        save_batch(run, step, lp, b, mb.old_logp)
     sampled = sample_tokens and mb.has_signal
     if sampled:  # an eval step's first update with signal: pi is mu
         gen = torch.Generator().manual_seed(cfg.seed + step)
@@ -242,6 +244,23 @@ def update(
         m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), b)
     m.update({"optim/loss": float(loss), "optim/grad_norm": float(grad_norm)})
     return m, applied, sampled
+
+
+def save_batch(run: Run, step: int, lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None) -> None:
+    """`trainer.save_batches`: append this update's objective inputs to batches/step_<k>.pt (rank 0's rows), so a
+    replay (analysis/replay.py) can run every objective on exactly these tokens. Detached copies: nothing here
+    touches the graph or any RNG, so a run that saves trains exactly as one that does not."""
+    if not run.pg.main:
+        return
+    path = run.run_dir / "batches" / f"step_{step}.pt"
+    path.parent.mkdir(exist_ok=True)
+    saved = torch.load(path) if path.exists() else []
+    saved.append({
+        "logp": lp.logp.detach().cpu(), "behavior_logp": b.behavior_logp.cpu(), "advantages": b.advantages.cpu(),
+        "mask": b.mask.cpu(), "entropy": lp.entropy.detach().cpu(),
+        "old_logp": None if old_logp is None else old_logp.detach().cpu(), "update": len(saved),
+    })  # fmt: skip
+    torch.save(saved, path)
 
 
 def apply_update(run: Run, loss: torch.Tensor) -> tuple[bool, torch.Tensor, torch.Tensor]:
