@@ -18,7 +18,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers and vLLM from source, ~10 s per process, and the test suite starts over a hundred.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map
+.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map replay
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -81,15 +81,27 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 
 # The findings suite (findings/suite.yaml): runs two one-thread jobs at a time, skips runs already complete, then
 # writes findings/FINDINGS.md, findings/findings.json and findings/figures/. A failed run exits non-zero.
-findings: $(STAMP)  ## every claim of the CPU findings suite (v6, 104 runs: 76 min from a fresh clone on 2 cores; resumable)
+findings: $(STAMP)  ## every claim of the CPU findings suite (v7, 98 runs: ~105 min on 2 cores; resumable)
 	$(PY) -m analysis.suite
 
 # The testbed map (findings/map/map.yaml): dose-response sweeps of mismatch and staleness for PG-IS, DPPO-TV, GRPO and
 # DRPO, two one-thread runs at a time, resumable; then findings/map/MAP.md, map.json, cells.csv and figures/.
-testbed-map: $(STAMP)  ## where the papers' mechanism shows on this testbed (152 runs, ~2 h on 2 cores; resumable)
+testbed-map: $(STAMP)  ## where the papers' mechanism shows on this testbed (120 runs, ~2 h on 2 cores; resumable)
 	$(PY) -m analysis.testbed_map
 
-findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs: 9 min from a fresh clone; v5's took 27 min on a 2.8x slower machine); the same two files
+# The rollout replay (analysis/replay.py): one GRPO run at suite v7's condition O keeps the objective inputs of four
+# steps' updates, then every objective runs on exactly those tokens: findings/replay/REPLAY.md and figures/.
+REPLAY_RUN := findings/replay/runs/grpo_o/seed3200
+replay: $(STAMP)  ## every objective on the same saved tokens (claims 3 and 11; one 80-step run, ~2 min)
+	test -f $(REPLAY_RUN)/summary.json && grep -q '"completed"' $(REPLAY_RUN)/summary.json || \
+	  $(PY) run.py rollout=hf logger=none trainer.threads=1 objective=grpo precision=w4a4_rollout \
+	    trainer.minibatches=8 trainer.prompts_per_step=16 trainer.group_size=8 trainer.lr=1e-4 \
+	    trainer.max_new_tokens=24 trainer.total_steps=80 trainer.eval_every=80 trainer.checkpoint_every=0 eval.n=4 \
+	    eval.engine=policy data.pool_path=findings/pools/tiny_pass_rates.json data.pool_min=0.2 data.pool_max=0.8 \
+	    seed=3200 'trainer.save_batches=[20,40,60,80]' hydra.run.dir=$(REPLAY_RUN)
+	$(PY) -m analysis.replay $(REPLAY_RUN)
+
+findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs, ~10 min) into findings/quick/
 	$(PY) -m analysis.suite --quick
 
 # TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`. The bench extra alone: naming
