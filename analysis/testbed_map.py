@@ -31,7 +31,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from analysis.findings import METRICS, load_run, run_error
+from analysis.findings import METRICS, load_run, run_error, runs_time_s
 from analysis.suite import Job, disk_status, run_jobs
 from analysis.verdicts import holm, mean_difference_interval, rate_difference_interval
 
@@ -328,8 +328,9 @@ def write_map(m: Map, cells: list[Cell], runs_dir: Path, status: dict[Job, str],
         "map": str(m.path.relative_to(ROOT)) if m.path.is_relative_to(ROOT) else str(m.path),
         "lines": lines,
         "cells": table.to_dict(orient="records"),
-        "failed": failed[["sweep", "dose", "objective", "seed", "error"]].to_dict(orient="records"),
-        "runs_time_s": wall_s,
+        "failed": failed.reindex(columns=["sweep", "dose", "objective", "seed", "error"]).to_dict(orient="records"),
+        "wall_time_s": wall_s,  # this pass: 0 for --report-only
+        "runs_time_s": runs_time_s(list(status), status),  # every completed run's own wall time, summed
         "figures": figures,
     }
     (out / "map.json").write_text(json.dumps(doc, indent=1, default=_json_default) + "\n", encoding="utf-8")
@@ -413,7 +414,10 @@ def markdown(m: Map, doc: dict[str, Any], table: pd.DataFrame, runs: pd.DataFram
         out += ["## Failed runs", "", *[f"- {f['objective']} {f['sweep']}:{f['dose']} seed {f['seed']}: "
                                         f"{f['error']}" for f in doc["failed"]], ""]  # fmt: skip
     done = runs[runs["status"] == "completed"]
-    out.append(f"{len(done)} of {len(runs)} cell-runs completed; runs took {doc['runs_time_s'] / 60:.1f} min here.")
+    out.append(
+        f"{len(done)} of {len(runs)} cell-runs completed (a run shared by two sweeps counts in each); the completed "
+        f"runs took {doc['runs_time_s'] / 60:.0f} min of one-thread run time in all, two at a time."
+    )
     return "\n".join(out) + "\n"
 
 

@@ -787,3 +787,15 @@ def test_a_suite_naming_an_unknown_condition_or_metric_is_refused_before_any_run
     suite["claims"][0].update(condition="M", positive_control=True, parts=suite["claims"][1]["parts"])
     path.write_text(yaml.safe_dump(suite))
     assert suite_mod.Suite.load(path).conditions["M"]["what"] == "logit noise 2"
+
+
+def test_a_setting_added_since_a_run_at_its_off_value_leaves_the_run_current():
+    """A run made before trainer.save_batches existed is still the setting a suite asks for (the new switch is off
+    by default); a run made with it on, or a value the run lacks that is not off, is another setting."""
+    from harness.loop.resume_guard import differences
+
+    made = {"trainer": {"lr": 1e-4}}
+    assert differences(made, {"trainer": {"lr": 1e-4, "save_batches": []}}) == {}
+    assert differences(made, {"trainer": {"lr": 1e-4, "save_batches": [2]}}) == {"trainer.save_batches": (None, [2])}
+    assert differences(made, {"trainer": {"lr": 1e-4, "engine": "policy"}}) == {"trainer.engine": (None, "policy")}
+    assert differences({"trainer": {"save_batches": [2]}}, {"trainer": {"save_batches": []}}) != {}

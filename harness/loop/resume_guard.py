@@ -99,13 +99,17 @@ def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (old, new)} of every key that differs, the free ones left out."""
+    """{dotted key: (old, new)} of every key that differs, the free ones left out. A key the old config lacks whose
+    new value is off (null or empty: a switch added since, such as trainer.save_batches) is no difference: new
+    settings default to what runs did before them, so a run made before one was added is still that setting."""
     a, b = _flat(old), _flat(new)
     keys = sorted(set(a) | set(b))
     return {
         k: (a.get(k), b.get(k))
         for k in keys
-        if _norm(a.get(k)) != _norm(b.get(k)) and not any(k == f or k.startswith(f"{f}.") for f in FREE)
+        if _norm(a.get(k)) != _norm(b.get(k))
+        and not any(k == f or k.startswith(f"{f}.") for f in FREE)
+        and not (k not in a and _norm(b[k]) in (None, [], {}))
     }
 
 
