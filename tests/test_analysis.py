@@ -140,14 +140,14 @@ def test_t_critical_holds_95_percent(dof: int) -> None:
 
 
 def test_mean_ci_hand_values() -> None:
-    # x = 0: seeds 1, 2, 3 -> mean 2, sd 1, half-width t_{0.975,2} / sqrt(3) = 4.303 / 1.732 = 2.4844.
+    # x = 0: seeds 1, 2, 3 -> mean 2, sd 1, half-width t_{0.975,2} / sqrt(3) = 4.3026527 / 1.732 = 2.4841.
     # x = 1: one seed -> its value, no band.
     wide = pd.DataFrame({"r0": [1.0, 5.0], "r1": [2.0, None], "r2": [3.0, None]})
     st = mean_ci(wide)
     assert st["mean"].tolist() == [2.0, 5.0]
     assert st["n"].tolist() == [3, 1]
-    assert st.loc[0, "lo"] == pytest.approx(2 - 4.303 / math.sqrt(3))
-    assert st.loc[0, "hi"] == pytest.approx(2 + 4.303 / math.sqrt(3))
+    assert st.loc[0, "lo"] == pytest.approx(2 - 4.3026527 / math.sqrt(3))
+    assert st.loc[0, "hi"] == pytest.approx(2 + 4.3026527 / math.sqrt(3))
     assert math.isnan(st.loc[1, "lo"]) and math.isnan(st.loc[1, "hi"])
 
 
@@ -274,9 +274,9 @@ def test_table_matches_hand_means(roots: tuple[Path, Path]) -> None:
     # mismatch k3 = m (seed + 1) averaged over seeds = 2 m.
     assert table.loc["grpo", "mismatch_k3_mean"] == pytest.approx(0.002)
     assert table.loc["dppo", "mismatch_k3_mean"] == pytest.approx(0.004)
-    # 95% CI half-width over 3 seeds = t_{0.975,2} sd / sqrt(3) = 4.303 sd / 1.7321 = 2.4843 sd.
-    assert table.loc["grpo", "final_ci"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
-    assert table.loc["dppo", "final_reward_ci"] == pytest.approx(4.303 * 0.01 / math.sqrt(3))
+    # 95% CI half-width over 3 seeds = t_{0.975,2} sd / sqrt(3) = 4.3026527 sd / 1.7321 = 2.4841 sd.
+    assert table.loc["grpo", "final_ci"] == pytest.approx(4.3026527 * 0.1 / math.sqrt(3))
+    assert table.loc["dppo", "final_reward_ci"] == pytest.approx(4.3026527 * 0.01 / math.sqrt(3))
     md = to_markdown(table.reset_index())
     assert "| objective | benchmark | n | final avg@4 | best avg@4 | final reward | mismatch k3 |" in md
     # final 0.4 ± 0.248, best 0.6 ± 0.248, reward 0.61 ± 0.0248, mismatch 0.002 ± 2.4843 * 0.001.

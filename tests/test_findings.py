@@ -739,12 +739,13 @@ def test_a_claim_without_a_positive_control_is_not_testable_here_never_negative(
     path = make_suite(tmp_path, {"a": [0.1, 0.12, 0.09], "b": [0.5, 0.55, 0.6], "c": [0.1, 0.12, 0.09]})
     assert report(path)["by_id"][1]["verdict"] == OPPOSITE
     suite = yaml.safe_load(path.read_text())
-    suite["claims"][0].update(condition="W4A4 rollouts, 4 updates per rollout", positive_control=False)
+    suite["conditions"] = {"W": {"what": "W4A4 rollouts, 4 updates per rollout", "positive_control": False}}
+    suite["claims"][0].update(condition="W", positive_control=False)
     path.write_text(yaml.safe_dump(suite))
     one = report(path)["by_id"][1]
     assert one["verdict"] == NOT_TESTABLE and [p["verdict"] for p in one["parts"]] == [NOT_TESTABLE]
     assert one["parts"][0]["verdict_alone"] == OPPOSITE  # what the interval alone said stays on record
-    assert one["condition"] == "W4A4 rollouts, 4 updates per rollout" and one["positive_control"] is False
+    assert one["condition"] == "W: W4A4 rollouts, 4 updates per rollout" and one["positive_control"] is False
     md = (tmp_path / "FINDINGS.md").read_text()
     assert "positive control there: no: every part is not testable here" in md
 
