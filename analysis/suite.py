@@ -76,7 +76,7 @@ class Suite:
 
     @classmethod
     def load(cls, path: Path, _seen: tuple[Path, ...] = (), _optin: bool = True) -> Suite:
-        raw = _read(path)
+        raw = read_mapping(path)
         if path.resolve() in _seen:
             raise SystemExit(f"error: {path}: extends itself through {' -> '.join(p.name for p in _seen)}")
         # An opt-in suite `extends:` another: it inherits base, seeds, jobs and arms, adds arms, has its own claims.
@@ -164,13 +164,14 @@ def _check_claim(path: Path, claim: dict[str, Any], suite: Suite) -> None:
             raise SystemExit(f"{where}: metric {part.get('metric')!r} is not one of {', '.join(METRICS)}")
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_mapping(path: Path, expected: str = "base, arms, seeds and claims") -> dict[str, Any]:
+    """A suite or map file's YAML mapping, or one line naming the file and what it should hold."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise SystemExit(f"error: {path}: {e}") from e
     if not isinstance(raw, dict):
-        raise SystemExit(f"error: {path}: expected a mapping with base, arms, seeds and claims")
+        raise SystemExit(f"error: {path}: expected a mapping with {expected}")
     return raw
 
 

@@ -28,11 +28,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats
 
 from analysis.findings import METRICS, load_run, run_error, runs_time_s
-from analysis.suite import Job, disk_status, run_jobs
+from analysis.suite import Job, disk_status, read_mapping, run_jobs
 from analysis.verdicts import holm, mean_difference_interval, rate_difference_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,12 +80,7 @@ class Map:
     @classmethod
     def load(cls, path: Path) -> Map:
         """Read and check the map file: every name a rule or sweep uses must exist, before any run."""
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as e:
-            raise SystemExit(f"error: {path}: {e}") from None
-        if not isinstance(raw, dict):
-            raise SystemExit(f"error: {path}: expected a mapping with base, objectives, seeds, sweeps and rules")
+        raw = read_mapping(path, "base, objectives, seeds, sweeps and rules")
         missing = [k for k in ("base", "objectives", "seeds", "sweeps", "rules") if k not in raw]
         if missing:
             raise SystemExit(f"error: {path}: missing key(s) {', '.join(missing)}")
