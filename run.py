@@ -1,7 +1,7 @@
 """Entry point: `python run.py [group=option ...] [key=value ...]`, or `-m` for a sweep (Hydra multirun).
 
 A sweep runs every job even when some fail; its exit code is then the number of failed jobs (capped at 125), and
-one stderr line names their run directories (harness.cli.SweepReport).
+one stderr line names their run directories (harness.cli.sweep.SweepReport).
 """
 
 import shutil
@@ -11,8 +11,7 @@ import tempfile
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness.cli import (
-    JobFailed,
+from harness.cli.checks import (
     check_command_line,
     check_group_options,
     check_output_dir,
@@ -20,13 +19,13 @@ from harness.cli import (
     info_requested,
     plan_argv,
     plan_requested,
-    run_job,
     share_run_stamp,
-    sweep_exit_code,
 )
+from harness.cli.sweep import sweep_exit_code
 from harness.config import register_schemas
+from harness.distributed import close as close_process_group
 from harness.help import help_text
-from harness.loop.distributed import close as close_process_group
+from harness.loop.job import JobFailed, run_job
 
 register_schemas()
 OmegaConf.register_new_resolver("harness_help", help_text)  # --help's lists (conf/config.yaml hydra.help)

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from harness.loop.runlog import WandbSettings, resolve_wandb_mode
+from harness.rundir.wandb import WandbSettings, resolve_wandb_mode
 
 # harness/loop/wandb_run.py: config.objective (top level), job_type = train | eval, group = experiment.
 GROUP_BY = "objective"  # a config key

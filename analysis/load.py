@@ -32,7 +32,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from harness.loop.runlog import read_jsonl
+from harness.rundir.files import read_jsonl
 
 logger = logging.getLogger(__name__)
 

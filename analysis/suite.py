@@ -21,7 +21,7 @@ claimed (two suites sharing a run folder through `runs:`) is left to it, wheneve
 from __future__ import annotations
 
 import argparse
-import fcntl  # run_one's claim on a job; harness.loop.lock.locked_by reads it
+import fcntl  # run_one's claim on a job; harness.rundir.lock.locked_by reads it
 import json
 import os
 import shutil
@@ -36,12 +36,13 @@ from typing import Any
 
 import yaml
 
+from analysis.run_metrics import METRICS
 from analysis.verdicts import Rule
-from harness.cli import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
+from harness.cli.sweep import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
 from harness.config import compose
 from harness.errors import first_line
-from harness.loop.lock import holder, locked_by
-from harness.loop.resume_guard import differences
+from harness.rundir.lock import holder, locked_by
+from harness.rundir.record import differences
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = ROOT / "findings" / "suite.yaml"
@@ -148,7 +149,6 @@ class Suite:
 
 def _check_claim(path: Path, claim: dict[str, Any], suite: Suite) -> None:
     """A claim's arms, condition, positive control, metrics and rules must all exist before any run."""
-    from analysis.findings import METRICS  # the metrics live with the report that computes them
 
     where = f"error: {path}: claim {claim.get('id')}"
     for arm in claim_arms(claim):
@@ -261,7 +261,7 @@ def settings_differ(job: Job) -> str | None:
 
 def defaults_differ(job: Job) -> str | None:
     """How the run's composed config (`.hydra/config.yaml`) differs from what the job's overrides compose to now:
-    the same overrides over edited defaults (conf/'s YAML, or the schemas' defaults in harness/config.py) are
+    the same overrides over edited defaults (conf/'s YAML, or the schemas' defaults in harness/config/) are
     another setting too. None when they agree or the run left no config."""
     try:
         made = yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
@@ -440,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     every = jobs if args.quick else suite.jobs_for(suite.claims, suite.seeds, runs)
     every += [j for j in jobs if j not in every]
     status = {j: ran.get(j) or disk_status(j) for j in every}
+    stale = {j: settings_differ(j) or "" for j, s in status.items() if s == "stale"}
     failed = write_report(
-        suite, reported, every, status, out, wall_s=wall, quick=args.quick, command=report_command(args)
+        suite, reported, every, status, out, wall_s=wall, quick=args.quick, command=report_command(args), stale=stale
     )
     return 1 if failed else 0
 

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.findings import METRICS, load_run, run_error, runs_time_s
+from analysis.run_metrics import METRICS, load_run, run_error, runs_time_s
 from analysis.suite import Job, disk_status, read_mapping, run_jobs
 from analysis.verdicts import holm, mean_difference_interval, rate_difference_interval
 

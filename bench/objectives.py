@@ -72,7 +72,7 @@ def find_tiny_model() -> Path:
     from omegaconf import OmegaConf
 
     from harness.config import register_schemas, validate
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     register_schemas()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

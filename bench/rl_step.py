@@ -142,8 +142,8 @@ def run_harness(
     import harness.loop.state as state_module
     import harness.loop.step as step_module
     from harness.config import compose, validate
-    from harness.loop.runlog import read_jsonl
     from harness.loop.train import train
+    from harness.rundir.files import read_jsonl
 
     prompt_tokens: list[float] = []  # per training generate call (n == GROUP); eval calls use n=1
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
-from harness.cli import GROUP_NAMES, group_options
-from harness.config import GROUPS, TOP_LEVEL, _TopLevel
+from harness.cli.checks import GROUP_NAMES, group_options
+from harness.config.run import GROUPS, TOP_LEVEL, _TopLevel
 from harness.objectives import FAMILIES
 from harness.schema import describe
 

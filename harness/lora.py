@@ -234,7 +234,7 @@ def engine_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor] | None
     """The weights the rollout engine loads: `state` (default `model.state_dict()`) with every LoRA adapter merged
     into its base weight, W + (alpha / r) B A, under the base model's parameter names. Without LoRA, `state` as is.
 
-    `state` may be a gathered full state dict of a sharded model (harness.loop.distributed): the
+    `state` may be a gathered full state dict of a sharded model (harness.distributed): the
     modules are read only for their LoRA settings, the tensors all come from `state`. The trainer's own weights
     are never modified."""
     state = model.state_dict() if state is None else state
@@ -321,7 +321,7 @@ def restore_adapter(
             set_optimizer_state_dict,
         )
 
-        from harness.loop.distributed import by_name
+        from harness.distributed import by_name
 
         _check_adapter_keys(model, tensors)
         options = StateDictOptions(full_state_dict=True, strict=False)  # the base is not in the checkpoint

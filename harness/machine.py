@@ -1,20 +1,24 @@
-"""Can this machine run this config? Checked after the config validates and before any model is built, so asking
-for CUDA, FP8 or vLLM where they are missing costs one line saying what is missing and what to use instead.
+"""Can this machine run this config? Checked after the config validates and before any model is built, so a
+missing data file or model folder, or CUDA, FP8 or vLLM where they are missing, costs one line saying what is
+missing and what to use instead.
 
 `validate()` stays a pure function of the config (a sweep for a GPU cluster composes and validates anywhere);
-this check runs where the job runs: in the SLURM job on the GPU node, not on the login node that submits it.
+these checks read the files the config names and probe the hardware where the job runs: in the SLURM job on the
+GPU node, not on the login node that submits it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from harness.config import RunConfig
-from harness.loop.distributed import world_size_from_env
+from harness.config import ModelConfig, RunConfig
+from harness.distributed import world_size_from_env
 
 # torchao's float8 training (fp8_e2e on GPU) and vLLM's fp8 weights run on Ada/Hopper and newer (sm_89+).
 FP8_MIN_CAPABILITY = (8, 9)
@@ -48,7 +52,9 @@ def probe() -> Machine:
 
 
 def check(run: RunConfig, m: Machine) -> None:
-    """Raise ValueError (one line: the key, what is missing, what to set instead) if `m` cannot run `run`."""
+    """Raise ValueError (one line: the key, what is missing, what to set instead) if `m` cannot run `run`: the
+    files it names first (`check_files`), then the hardware and packages."""
+    check_files(run)
     r, p = run.rollout, run.precision.name
     if run.device == "cuda" and not m.cuda:
         raise ValueError(
@@ -99,3 +105,79 @@ def check(run: RunConfig, m: Machine) -> None:
                 f"trainer.prompts_per_step: {t.prompts_per_step} prompts must split over {m.world} processes into "
                 f"equal shares whose rows ({t.group_size} per prompt) divide into {t.minibatches} mini-batches"
             )
+
+
+def check_files(run: RunConfig) -> None:
+    """The files a config names, read without loading a model: the model folder (its context, its layers for
+    fp8_e2e and LoRA), the data and benchmark files (a .jsonl decoded once), the pass-rate pool, the reward
+    model. One-line ValueError naming the key."""
+    from harness.lora import check_lora_config
+    from harness.reward_model import check_reward_model_path
+    from harness.tasks import benchmark_sources
+    from harness.tasks.loaders import check_source
+
+    path = run.model.path
+    if path is not None and path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
+        raise ValueError(
+            f"model.path: {path!r} does not exist (give a local model folder, a run directory or a hub id)"
+        )
+    if run.precision.name == "fp8_e2e" and path is not None:
+        from harness.precision import fp8_unwrappable_reason
+
+        reason = fp8_unwrappable_reason(Path(path).expanduser())
+        if reason:
+            raise ValueError(
+                f"precision.name: fp8_e2e quantizes the trainer's nn.Linear layers and {path!r} has none ({reason}); "
+                "allowed with this model: fp32, bf16, fp8_rollout"
+            )
+    check_lora_config(run.model, run.precision.name)
+    _check_context(run)
+    sources = [("benchmark.path", s) for s in benchmark_sources(run.benchmark)]  # the right number for the benchmark
+    if run.data.name != "arith" and run.data.path is not None:
+        sources.append(("data.path", run.data.path))
+    for key, source in sources:
+        try:
+            check_source(source, key, read=True)
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from None
+    pool = run.data.pool_path
+    if pool is not None and not Path(pool).expanduser().is_file():
+        raise ValueError(f"data.pool_path: {pool!r} does not exist (make one with python -m harness.loop.pass_rates)")
+    if run.reward.kind == "reward_model" and run.reward.model_path is not None:
+        check_reward_model_path(run.reward.model_path)
+
+
+def _check_context(run: RunConfig) -> None:
+    """The rollout's context against the model's own, read from its config.json without loading weights."""
+    m = run.model
+    context = model_context(m)
+    if context is not None and m.max_model_len > context:
+        raise ValueError(
+            f"model.max_model_len: {m.max_model_len} exceeds the model's context of {context} positions "
+            f"(max_position_embeddings in {m.path}); use at most {context}"
+        )
+
+
+def model_context(m: ModelConfig) -> int | None:
+    """The model's position limit: the tiny model is built with model.max_model_len; a local folder or a hub id
+    in the local cache says it in config.json (read as JSON: no weights, not even transformers' import). None
+    when it cannot be read here (a hub id not cached, a run directory: checked where it is loaded)."""
+    if m.path is None:
+        return m.max_model_len
+    path: Path | str | None = Path(m.path).expanduser() / "config.json"
+    if not Path(path).is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(m.path, "config.json")
+        except ValueError:  # not a repo id
+            path = None
+    if not isinstance(path, str | Path):
+        return None
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config") or config  # multimodal configs nest the language model's
+    limit = config.get("max_position_embeddings")
+    return limit if isinstance(limit, int) else None

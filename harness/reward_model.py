@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from harness.loop.evaluate import eval_label, fit_prompts
+from harness.rollout.base import EvalSettings, sample_eval
 
 TINY = "tiny"  # reward.model_path value that builds the tiny reward model on the policy's tokenizer
 MAX_CONFIG_BYTES = 10_000_000
@@ -274,29 +274,19 @@ def evaluate_rm(
     prompt_ids: Sequence[list[int]],
     problems: Sequence[Any],
     scorer: RewardModel,
-    *,
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int,
-    top_p: float = 1.0,
-    samples_to_keep: int = 0,
-    truncate_prompts: bool = False,
+    s: EvalSettings,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Sample n completions per held-out prompt and score them with the reward model -> (record, samples).
 
     record: {"rm_score" (mean over all samples), "rm_score_std", "n_problems", "response_len_mean",
     "truncated_frac", "prompt_truncated_frac", "problems": [{"id", "kind", "n", "rm_score"}]}."""
-    prompts, n_cut = fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
-    ro = engine.generate(
-        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p,
-        progress=eval_label(len(prompts), n),
-    )  # fmt: skip
+    ro, n_cut = sample_eval(engine, prompt_ids, s)
+    n = s.n
     rows = [problems[int(g)] for g in ro.group]
     scores, metrics = scorer.rewards(rows, ro.texts)
     per_problem: dict[int, list[float]] = {}
-    for g, s in zip(ro.group.tolist(), scores, strict=True):
-        per_problem.setdefault(g, []).append(s)
+    for g, score in zip(ro.group.tolist(), scores, strict=True):
+        per_problem.setdefault(g, []).append(score)
     record: dict[str, Any] = {
         "rm_score": sum(scores) / len(scores),
         "rm_score_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
@@ -317,6 +307,6 @@ def evaluate_rm(
             "completion": ro.texts[i],
             "rm_score": scores[i],
         }
-        for i in range(0, len(ro.texts), max(1, n))[:samples_to_keep]
+        for i in range(0, len(ro.texts), max(1, n))[: s.samples_to_keep]
     ]
     return record, samples

@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or config.option.collectonly or config.getoption("-n", None) in (None, 0):
         return
     from harness.config import validate
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     model_dir(validate(compose(*SMALL_MODEL)))
 
@@ -86,7 +86,7 @@ def one_thread():
 def small_model() -> list[str]:
     """Overrides selecting the small tiny model, built (or found in the cache) once per session."""
     from harness.config import validate
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     model_dir(validate(compose(*SMALL_MODEL)))
     return SMALL_MODEL

@@ -15,8 +15,8 @@ import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from harness import distributed
 from harness.batch import build_batch, policy_logprobs
-from harness.loop import distributed
 from harness.loop.step import _denominator, _full, minibatch_loss
 from harness.objectives import get_objective
 from harness.rollout.base import Rollout

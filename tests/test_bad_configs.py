@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import GROUP_NAMES, check_group_options, check_override_keys
+from harness.cli.checks import GROUP_NAMES, check_group_options, check_override_keys
 from harness.config import validate
 from tests.test_config import children_cpu_s, composed, run_cli
 

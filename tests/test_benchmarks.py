@@ -21,7 +21,7 @@ import torch
 from harness.config import validate
 from harness.loop.evaluate import evaluate, majority, pass_at_k, pass_ks, vote_key
 from harness.rewards import grade
-from harness.rollout.base import Rollout
+from harness.rollout.base import EvalSettings, Rollout
 from harness.tasks import load_benchmark, load_training_set
 from harness.tasks.loaders import load_benchmark_file, load_dapo_math, load_math, read_rows
 from harness.tasks.templates import render
@@ -321,9 +321,8 @@ def test_evaluate_hand_computed_scores():
     ]  # fmt: skip
     finished = [True] * 7 + [False]
     engine = ScriptedEngine(texts, finished)
-    record, samples = evaluate(
-        engine, [[1, 2], [3]], problems, n=4, max_new_tokens=3, temperature=1.0, seed=0, samples_to_keep=1
-    )
+    settings = EvalSettings(n=4, max_new_tokens=3, temperature=1.0, seed=0, samples_to_keep=1)
+    record, samples = evaluate(engine, [[1, 2], [3]], problems, settings)
     # p0: c=1, p1: c=2 (the truncated \boxed{7} is not graded).
     assert record["avg@4"] == pytest.approx(3 / 8)
     assert record["pass@1"] == pytest.approx(3 / 8)
@@ -350,10 +349,9 @@ def test_evaluate_cuts_or_rejects_over_long_prompts():
     problems = [SimpleNamespace(id="p0", question="Q", answer="1", kind="k")]
     engine = ScriptedEngine(["\\boxed{1}"], [True], max_model_len=6)
     with pytest.raises(ValueError, match=r"1 prompt\(s\) up to 5 tokens do not fit model.max_model_len=6"):
-        evaluate(engine, [[1, 2, 3, 4, 5]], problems, n=1, max_new_tokens=3, temperature=1.0, seed=0)
-    record, _ = evaluate(
-        engine, [[1, 2, 3, 4, 5]], problems, n=1, max_new_tokens=3, temperature=1.0, seed=0, truncate_prompts=True
-    )
+        evaluate(engine, [[1, 2, 3, 4, 5]], problems, EvalSettings(n=1, max_new_tokens=3, temperature=1.0, seed=0))
+    cut = EvalSettings(n=1, max_new_tokens=3, temperature=1.0, seed=0, truncate_prompts=True)
+    record, _ = evaluate(engine, [[1, 2, 3, 4, 5]], problems, cut)
     assert engine.prompts == [[3, 4, 5]] and record["prompt_truncated_frac"] == 1.0 and record["avg@1"] == 1.0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from harness.cli import PLAN_PREFIX
+from harness.loop.job import PLAN_PREFIX
 from tests.test_config import run_cli
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import check_command_line, check_group_options, check_override_keys
+from harness.cli.checks import check_command_line, check_group_options, check_override_keys
 from harness.config import compose
 
 ROOT = Path(__file__).resolve().parents[1]

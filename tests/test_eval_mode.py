@@ -11,10 +11,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.config import validate
-from harness.loop.eval_only import resolve_model, run_eval
-from harness.loop.runlog import read_jsonl
-from harness.loop.state import model_dir
+from harness.loop.eval_only import evaluate_model, resolve_model
+from harness.loop.model_path import model_dir
 from harness.loop.train import train
+from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ EVAL = ["mode=eval", "rollout=hf", "logger=none", "trainer.threads=1", "trainer.
 
 def evaluate_into(run_dir: Path, *overrides: str) -> tuple[dict, dict]:
     raw = compose(*EVAL, *overrides)
-    summary = run_eval(validate(raw), run_dir, raw)
+    summary = evaluate_model(validate(raw), run_dir, raw)
     (record,) = read_jsonl(run_dir / "eval.jsonl")
     return summary, record
 
@@ -158,7 +158,7 @@ def test_figures_read_an_eval_only_run_beside_the_training_run(tmp_path, trained
     outputs = tmp_path / "outputs"
     shutil.copytree(trained_run, outputs / "train")
     raw = compose(*EVAL, f"model.path={trained_run}", "benchmark.max_problems=6")
-    run_eval(validate(raw), outputs / "eval", raw)
+    evaluate_model(validate(raw), outputs / "eval", raw)
     (outputs / "eval" / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.create(raw), outputs / "eval" / ".hydra" / "config.yaml")
 
@@ -187,5 +187,5 @@ def test_a_model_folder_with_a_torn_tokenizer_fails_in_one_line_before_the_run_s
     run_dir.mkdir()
     raw = compose(*EVAL, f"model.path={broken}", "benchmark.max_problems=4")
     with pytest.raises(SetupError, match=rf"^folder '{broken}' is not a loadable model: ") as err:
-        run_eval(validate(raw), run_dir, raw)
+        evaluate_model(validate(raw), run_dir, raw)
     assert "\n" not in str(err.value) and list(run_dir.iterdir()) == []

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.loop.runlog import read_jsonl
+from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, ROOT
 
 pytestmark = pytest.mark.slow

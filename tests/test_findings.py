@@ -291,7 +291,7 @@ def test_metrics_read_keys_logged_as_null_on_some_steps():
 
     import pandas as pd
 
-    from analysis.findings import METRICS
+    from analysis.run_metrics import METRICS
 
     m = pd.DataFrame(
         {
@@ -613,7 +613,7 @@ def test_a_job_claimed_or_completed_after_the_pass_began_is_left_as_it_is(tmp_pa
 def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(tmp_path):
     """`--report-only` while the suite still runs: a run whose summary says "running" and whose lock a live process
     holds is unfinished, not failed; once nobody holds the lock, the same summary is a run that died."""
-    from harness.loop.lock import RunDirLock
+    from harness.rundir.lock import RunDirLock
 
     path = make_suite(tmp_path, {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
     run_dir = tmp_path / "runs" / "a" / "seed1"
@@ -793,7 +793,7 @@ def test_a_suite_naming_an_unknown_condition_or_metric_is_refused_before_any_run
 def test_a_setting_added_since_a_run_at_its_off_value_leaves_the_run_current():
     """A run made before trainer.save_batches existed is still the setting a suite asks for (the new switch is off
     by default); a run made with it on, or a value the run lacks that is not off, is another setting."""
-    from harness.loop.resume_guard import differences
+    from harness.rundir.record import differences
 
     made = {"trainer": {"lr": 1e-4}}
     assert differences(made, {"trainer": {"lr": 1e-4, "save_batches": []}}) == {}

@@ -1,4 +1,6 @@
-"""The project's modules import each other without a cycle, and no function under harness/ outgrows a screen."""
+"""The project's layers: modules import each other without a cycle (harness/, analysis/, bench/), the training loop
+is imported only from above it (no library module of harness/ and no analysis module reaches into harness.loop),
+nothing reaches into Hydra's private modules, and no module or function under harness/ outgrows its page."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 100
+MAX_MODULE_LINES = 400
+PACKAGES = ("harness", "analysis", "bench")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -14,23 +18,28 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the harness modules it imports anywhere in its text (function-level imports included).
-    `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg`."""
-    files = {module_name(p, root): p for p in (root / "harness").rglob("*.py")}
+def imported_names(path: Path) -> set[str]:
+    """Every module name `path` imports anywhere in its text (function-level imports included), and for
+    `from pkg import name` also `pkg.name`."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the project modules it imports. `from pkg import name` is an edge to `pkg.name` when that is a
+    module, else to `pkg`."""
+    files = {module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                edges |= {a.name for a in node.names if a.name in files}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for a in node.names:
-                    sub = f"{node.module}.{a.name}"
-                    if sub in files:
-                        edges.add(sub)
-                    elif node.module in files:
-                        edges.add(node.module)
+        names = imported_names(path)
+        edges = {n for n in names if n in files}
+        # `from pkg import sub` names the submodule; the package itself counts only when a name is not a module.
+        edges -= {n for n in edges if any(s.startswith(n + ".") and s in files for s in names)}
         graph[name] = edges - {name}
     return graph
 
@@ -72,8 +81,40 @@ def test_graph_reads_function_level_imports(tmp_path):
     assert import_graph(tmp_path)["harness.config"] == {"harness.loop.train"}
 
 
-def test_no_import_cycle_among_harness_modules():
+def test_no_import_cycle_among_project_modules():
     assert find_cycle(import_graph()) is None
+
+
+def test_the_loop_is_imported_only_from_above_it():
+    """harness.loop runs a job; the libraries below it (config, rollout, rewards, the run directory's format, ...)
+    and analysis, which reads run directories, never import it."""
+    below = [
+        f"{name} imports {sorted(n for n in imported_names(path) if n.startswith('harness.loop'))}"
+        for pkg in ("harness", "analysis")
+        for path in (ROOT / pkg).rglob("*.py")
+        if not (name := module_name(path)).startswith("harness.loop")
+        and any(n == "harness.loop" or n.startswith("harness.loop.") for n in imported_names(path))
+    ]
+    assert not below, below
+
+
+def test_nothing_imports_hydras_private_modules():
+    private = [
+        str(path.relative_to(ROOT))
+        for pkg in (*PACKAGES, "tests")
+        for path in (ROOT / pkg).rglob("*.py")
+        if any(n.startswith("hydra._internal") for n in imported_names(path))
+    ] + [p for p in ("run.py",) if any(n.startswith("hydra._internal") for n in imported_names(ROOT / p))]
+    assert not private, private
+
+
+def test_no_module_under_harness_is_longer_than_its_page():
+    long = [
+        f"{path.relative_to(ROOT)} ({n} lines)"
+        for path in (ROOT / "harness").rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, long
 
 
 def test_no_function_under_harness_is_longer_than_a_screen():

@@ -21,7 +21,7 @@ from trl import GRPOConfig  # noqa: E402
 
 from harness.config import compose, validate  # noqa: E402
 from harness.integrations.trl import TrustRegionGRPOTrainer, anchors  # noqa: E402
-from harness.loop.state import model_dir  # noqa: E402
+from harness.loop.model_path import model_dir  # noqa: E402
 from harness.objectives import aggregate, get_objective  # noqa: E402
 from harness.tasks.templates import render  # noqa: E402
 

@@ -128,7 +128,7 @@ def test_joblib_workers_get_one_thread_each(monkeypatch):
     (unless the caller's own OMP_NUM_THREADS, which loky passes on, says otherwise)."""
     import joblib
 
-    from harness.cli import threads_from_env
+    from harness.loop.job import threads_from_env
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if joblib.cpu_count() < 2:
@@ -138,7 +138,7 @@ def test_joblib_workers_get_one_thread_each(monkeypatch):
 
 @pytest.mark.parametrize(("value", "threads"), [("1", 1), ("4", 4), (" 2 ", 2), ("0", None), ("two", None), ("", None)])
 def test_threads_from_env(monkeypatch, value, threads):
-    from harness.cli import threads_from_env
+    from harness.loop.job import threads_from_env
 
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     assert threads_from_env() == threads
@@ -212,7 +212,8 @@ def test_sweep_size_counts_the_experiment_params_and_globs():
     from hydra import initialize_config_dir
     from omegaconf import open_dict
 
-    from harness.cli import group_options, sweep_plan
+    from harness.cli.checks import group_options
+    from harness.cli.sweep import sweep_plan
     from harness.config import register_schemas
 
     register_schemas()

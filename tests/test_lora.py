@@ -142,7 +142,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
 
     from harness.batch import build_batch, policy_logprobs
     from harness.config import validate
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
     from harness.loop.train import train
     from harness.lora import merged_from_checkpoint
     from harness.models import load_policy
@@ -215,13 +215,13 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, s
     # mode=eval on the run directory merges its adapters into the base: it reproduces the run's step-2 evaluation.
     from omegaconf import OmegaConf
 
-    from harness.loop.eval_only import run_eval
-    from harness.loop.runlog import read_jsonl
+    from harness.loop.eval_only import evaluate_model
+    from harness.rundir.files import read_jsonl
 
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(compose(*common), run_dir / ".hydra" / "config.yaml")
     raw = compose(*common, "mode=eval", f"model.path={run_dir}")
-    evaluated = run_eval(validate(raw), tmp_path / "eval", raw)
+    evaluated = evaluate_model(validate(raw), tmp_path / "eval", raw)
     trained_eval = read_jsonl(run_dir / "eval.jsonl")[-1]
     assert evaluated["step"] == 2 and evaluated["final_score"] == trained_eval["avg@1"]
     assert read_jsonl(tmp_path / "eval" / "eval.jsonl")[0]["problems"] == trained_eval["problems"]

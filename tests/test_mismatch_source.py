@@ -14,7 +14,7 @@ import torch
 
 from harness.batch import build_batch, policy_logprobs
 from harness.config import compose, validate
-from harness.loop.state import model_dir
+from harness.loop.model_path import model_dir
 from harness.models import load_policy
 from harness.rollout import make_engine
 from harness.tasks import load_problems, render_prompts

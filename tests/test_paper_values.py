@@ -2,7 +2,7 @@
 
 The values live in one data file, tests/fixtures/paper_values.yaml. The in-process check expands each sweep as
 Hydra's basic sweeper does (tests/test_experiments.py) and builds each job's PLAN record with the same function
-`run.py ... mode=plan` prints (`harness.cli.plan_record`); one subprocess run of `run.py -m ... mode=plan` checks
+`run.py ... mode=plan` prints (`harness.loop.job.plan_record`); one subprocess run of `run.py -m ... mode=plan` checks
 that the command prints exactly those records and leaves no run directory behind.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.cli import PLAN_PREFIX, check_group_options, plan_record
+from harness.cli.checks import check_group_options
+from harness.loop.job import PLAN_PREFIX, plan_record
 from tests.test_experiments import FULL, ROOT, arm_of, arm_run, sweep_jobs
 
 VALUES = yaml.safe_load((ROOT / "tests" / "fixtures" / "paper_values.yaml").read_text())

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import validate
-from harness.loop.runlog import read_jsonl
 from harness.loop.train import train
+from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose
 
 pytestmark = pytest.mark.slow

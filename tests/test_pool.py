@@ -46,7 +46,7 @@ def test_the_findings_pool_belongs_to_the_suites_model_and_split() -> None:
     import yaml
 
     from analysis.suite import DEFAULT_SUITE
-    from harness.loop.state import tiny_spec
+    from harness.loop.model_path import tiny_spec
     from harness.models import tiny_model_dir
 
     base = yaml.safe_load(DEFAULT_SUITE.read_text())["base"]

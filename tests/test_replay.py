@@ -9,8 +9,8 @@ import torch
 
 from analysis.replay import main, replay, summary
 from harness.config import validate
-from harness.loop.runlog import read_jsonl
 from harness.loop.train import train
+from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose
 
 

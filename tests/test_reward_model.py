@@ -29,7 +29,7 @@ def tokenizer(small_model):
     from transformers import AutoTokenizer
 
     from harness.config import compose, validate
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     return AutoTokenizer.from_pretrained(str(model_dir(validate(compose(*small_model)))))
 
@@ -80,7 +80,7 @@ def test_reward_model_folder_loads_and_scores_like_the_built_one(tokenizer, tmp_
 
 def test_a_folder_that_is_not_a_reward_model_is_refused_in_one_line(tmp_path, small_model):
     from harness.config import compose, validate
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     causal = str(model_dir(validate(compose(*small_model))))
     with pytest.raises(ValueError) as err:
@@ -135,8 +135,8 @@ def test_multi_turn_prompts_go_through_the_chat_template(tokenizer):
 
 def test_rlhf_run_trains_on_reward_model_scores_and_reports_rm_score(tmp_path, small_model, monkeypatch):
     from harness.config import validate
-    from harness.loop.runlog import read_jsonl
     from harness.loop.train import train
+    from harness.rundir.files import read_jsonl
     from tests.conftest import FAST_TRAINER, compose
 
     calls: list[tuple[list, list[str], list[float]]] = []
@@ -179,7 +179,7 @@ def test_rlhf_run_trains_on_reward_model_scores_and_reports_rm_score(tmp_path, s
     # A logged score is the reward model's own forward of that (prompt, completion).
     from transformers import AutoTokenizer
 
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     tok = AutoTokenizer.from_pretrained(str(model_dir(validate(raw))))
     rm = build_tiny_reward_model(tok)

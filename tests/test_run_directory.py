@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.loop.lock import RunDirBusy, RunDirLock, holder
-from harness.loop.runlog import read_jsonl
+from harness.rundir.files import read_jsonl
+from harness.rundir.lock import RunDirBusy, RunDirLock, holder
 from tests.conftest import FAST_TRAINER, ROOT
 from tests.test_config import children_cpu_s, run_cli
 
@@ -175,7 +175,7 @@ def test_a_second_writer_is_refused_naming_the_first_and_a_dead_writers_lock_is_
 
 def test_the_lock_itself_refuses_a_second_process(tmp_path):
     """The in-process lock (sweep jobs, interpolated run directories: where run.py's early check cannot look)."""
-    code = "import sys, time; from harness.loop.lock import RunDirLock; RunDirLock(sys.argv[1]).acquire(); " \
+    code = "import sys, time; from harness.rundir.lock import RunDirLock; RunDirLock(sys.argv[1]).acquire(); " \
            "print('held', flush=True); time.sleep(60)"  # fmt: skip
     other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

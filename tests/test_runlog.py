@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.loop.runlog import RunLog, WandbSettings, atomic_write_json, read_jsonl, resolve_wandb_mode
+from harness.loop.runlog import RunLog
+from harness.rundir.files import atomic_write_json, read_jsonl
+from harness.rundir.wandb import WandbSettings, resolve_wandb_mode
 from tests.conftest import wandb_run_record
 
 REPO = Path(__file__).resolve().parents[1]

@@ -72,6 +72,7 @@ def test_grading_never_hands_model_text_to_python(monkeypatch):
     with the guard off (expression extraction added, as math-verify's default has it) it does."""
     import math_verify
 
+    import harness.grading as grading
     import harness.rewards as rewards
 
     payload = "12345*67891+1"
@@ -89,7 +90,7 @@ def test_grading_never_hands_model_text_to_python(monkeypatch):
     rewards.grade(completions, ["1"] * 3, workers=1, require_boxed=False)
     assert compiled == [], f"model text was compiled for eval: {compiled}"
     monkeypatch.setattr(
-        rewards, "_LATEX_ONLY", (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
+        grading, "_LATEX_ONLY", (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
     )
     rewards.grade(completions, ["1"] * 3, workers=1, require_boxed=False)
     assert compiled, "with expression extraction the payload should have been compiled: the test cannot fail"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness.config import validate
-from harness.loop.runlog import read_jsonl
 from harness.loop.train import train
 from harness.objectives import OBJECTIVE_NAMES
+from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose, wandb_run_record
 
 
@@ -58,7 +58,7 @@ def check_weights_moved(run_dir, small_model: list[str]) -> None:
     """The final checkpoint differs from the model the run started from (not merely a logged update count)."""
     from safetensors.torch import load_file
 
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     start = load_file(model_dir(validate(compose(*small_model))) / "model.safetensors")
     end = load_file(run_dir / "checkpoints" / "step_2" / "model.safetensors")
@@ -127,7 +127,7 @@ def check_token_samples(run_dir, objective: str, trained_steps: set[int]) -> Non
 
 @pytest.fixture(scope="module")
 def small_path(small_model) -> str:
-    from harness.loop.state import model_dir
+    from harness.loop.model_path import model_dir
 
     return str(model_dir(validate(compose(*small_model))))
 

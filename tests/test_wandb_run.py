@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from harness.config import RunConfig, compose, validate
-from harness.loop.state import wandb_settings
-from harness.loop.wandb_run import MAX_NAME_CHARS, job_overrides, run_name
+from harness.loop.wandb_run import MAX_NAME_CHARS, job_overrides, run_name, wandb_settings
 
 SWEEP_JOB = [
     "+experiment=mini_dppo_main",

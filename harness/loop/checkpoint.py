@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,13 +33,16 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file, save_model
+from tqdm import tqdm
 
 from harness.errors import first_line
 from harness.loop import sharded
-from harness.loop.runlog import atomic_write_text, fsync_path
+from harness.lora import adapter_state_dict, is_lora
+from harness.rundir.files import atomic_write_text, fsync_path
 
 if TYPE_CHECKING:
-    from harness.loop.distributed import ProcessGroup
+    from harness.distributed import ProcessGroup
+    from harness.loop.state import Run
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +210,7 @@ def load_latest(
     Either format, under any number of processes: a sharded checkpoint (`.metadata`) is resharded by
     torch.distributed.checkpoint to this process group (`adapters_only`: its model part is a LoRA run's adapters);
     a one-process checkpoint (model.safetensors) goes through `restore(tensors, optimizer_state)` when given (every
-    rank reads the full tensors and keeps its shard, harness.loop.distributed), else load_state_dict.
+    rank reads the full tensors and keeps its shard, harness.distributed), else load_state_dict.
     Returns {"step": k, "extra": {...}, "path": Path} or None if there is no checkpoint. An unreadable
     checkpoint (truncated or corrupt file) costs one warning and the previous one is tried; a readable one
     that does not fit the model or optimizer raises ValueError, since an older one would not fit either.
@@ -231,7 +235,7 @@ def load_latest(
             if restore is None:
                 model.load_state_dict(tensors, strict=True)
                 optimizer.load_state_dict(opt_state)
-            else:  # a sharded model: the caller scatters the full tensors (harness.loop.distributed.restore)
+            else:  # a sharded model: the caller scatters the full tensors (harness.distributed.restore)
                 restore(tensors, opt_state)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"checkpoint {path} does not fit this model/optimizer: {first_line(e)}") from e
@@ -339,3 +343,32 @@ def _check_plain(value: Any, where: str) -> None:
             f"{where}: a {type(value).__name__} cannot go in a checkpoint; allowed: numbers, str, bool, None, "
             "tensors, lists, tuples, dicts"
         )
+
+
+# --- a run's checkpoints ---
+
+
+def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
+    """checkpoints/step_<step>. One process: safetensors + optimizer.pt. Several: every rank writes its own shards
+    at once (torch.distributed.checkpoint), nothing is gathered; rank 0 publishes the folder."""
+    extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
+    lora = is_lora(run.policy)  # the adapters only: the frozen base is the model the run started from
+    if run.pg.main:
+        run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
+    if run.pg.active:
+        save_sharded_checkpoint(
+            run.run_dir, step, run.policy, run.optimizer, extra, run.pg, adapters_only=lora, pause_s=pause_s
+        )
+        return
+    weights = adapter_state_dict(run.policy.state_dict()) if lora else None
+    save_checkpoint(run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights)
+
+
+def checkpoint_or_warn(run: Run, step: int) -> None:
+    """A scheduled checkpoint. A failed write (disk full, quota) leaves the older checkpoints intact: training goes
+    on and the summary lists the step."""
+    try:
+        checkpoint(run, step, pause_s=run.cfg.trainer.checkpoint_pause_s)
+    except OSError as exc:
+        run.failed_saves.append(step)
+        tqdm.write(f"warning: {exc}; training continues, the previous checkpoint is intact", sys.stderr)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from harness.batch import TrainBatch
-from harness.loop.distributed import ProcessGroup
-from harness.loop.runlog import atomic_write_text, writing
+from harness.distributed import ProcessGroup
+from harness.rundir.files import atomic_write_text, writing
 
 LOW_PROB = 0.01  # "low-probability token": mu at or below this
 TABLE_ROWS = 50  # App. D lists the 50 most clipped tokens per sign

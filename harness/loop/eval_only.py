@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,12 @@ from harness.config import ModelConfig, RunConfig, SetupError, validate
 from harness.errors import first_line
 from harness.loop import sharded
 from harness.loop.checkpoint import load_order
-from harness.loop.evaluate import evaluate
+from harness.loop.evaluate import eval_settings, evaluate
 from harness.loop.export import read_info
-from harness.loop.runlog import RunLog
-from harness.loop.state import model_dir, score_key, wandb_settings
+from harness.loop.model_path import model_dir
+from harness.loop.runlog import RunLog, finishing
+from harness.loop.state import score_key
+from harness.loop.wandb_run import wandb_settings
 from harness.lora import merged_from_checkpoint
 from harness.models import load_tokenizer_of
 from harness.reward_model import RewardModel, evaluate_rm
@@ -133,7 +134,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
+def evaluate_model(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
     """Evaluate the model `cfg.model.path` names on `cfg.benchmark`, writing eval.jsonl, samples.jsonl and
     summary.json into `run_dir`. Returns the summary."""
     t_start = time.time()
@@ -151,57 +152,44 @@ def run_eval(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[
     summary: dict[str, Any] = {"run_dir": str(run_dir), "mode": "eval", "benchmark": cfg.benchmark.name}
     summary.update(model=src.base, checkpoint=None if src.weights is None else str(src.weights), step=src.step)
     engine = None
-    try:
-        # --- model: base weights for the engine, then the checkpoint's on top ---
-        # An unusable checkpoint, an engine that cannot load the model: one line (SetupError), as in training.
+    with finishing(log, summary, t_start):
         try:
-            prompts = render_prompts(tokenizer, problems, src.template)
-            engine = engine_from_config(
-                cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
-            )
-            if src.weights is not None:
-                weights = read_weights(src.weights)
-                if src.model.lora_rank:  # a LoRA run's checkpoint holds its adapters: merge them into the base
-                    weights = merged_from_checkpoint(src.base, weights, src.model)
-                engine.sync_weights(weights)
-        except (ValueError, OSError, ImportError) as exc:
-            raise SetupError(first_line(exc)) from exc
+            # --- model: base weights for the engine, then the checkpoint's on top ---
+            # An unusable checkpoint, an engine that cannot load the model: one line (SetupError), as in training.
+            try:
+                prompts = render_prompts(tokenizer, problems, src.template)
+                engine = engine_from_config(
+                    cfg.rollout, src.base, cfg.precision.name, cfg.seed, src.model.max_model_len, cfg.device
+                )
+                if src.weights is not None:
+                    weights = read_weights(src.weights)
+                    if src.model.lora_rank:  # a LoRA run's checkpoint holds its adapters: merge them into the base
+                        weights = merged_from_checkpoint(src.base, weights, src.model)
+                    engine.sync_weights(weights)
+            except (ValueError, OSError, ImportError) as exc:
+                raise SetupError(first_line(exc)) from exc
 
-        # --- evaluate and log ---
-        common = dict(
-            n=cfg.eval.n,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            seed=cfg.seed * 1_000_003 + src.step,
-            samples_to_keep=cfg.trainer.samples_per_eval,
-            truncate_prompts=cfg.eval.cut_prompts(tiny_model=src.tiny),
-        )
-        if cfg.reward.kind == "reward_model":  # RLHF: the reward model's mean score
-            scorer = RewardModel.from_config(cfg.reward, tokenizer, cfg.device)
-            record, samples = evaluate_rm(engine, prompts, problems, scorer, **common)
-        else:
-            record, samples = evaluate(engine, prompts, problems, grading=cfg.reward.grade_kwargs(), **common)
-        log.log_eval(src.step, {"benchmark": cfg.benchmark.name, "template": src.template, **record})
-        log.log_samples(src.step, samples)
-        key = score_key(cfg)
-        summary.update(
-            status="completed",
-            score_key=key,
-            final_score=record[key],
-            scores={k: v for k, v in record.items() if isinstance(v, float) and ("@" in k or k == key)},
-            template=src.template,
-            n_problems=len(problems),
-        )
-    except BaseException as exc:  # the run directory must say it did not finish
-        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        log.finish("failed", summary, error=traceback.format_exc())
-        raise
-    finally:
-        if engine is not None:
-            engine.close()
-    summary["wall_time_s"] = time.time() - t_start
-    log.finish("completed", summary)
+            # --- evaluate and log ---
+            common = eval_settings(cfg, src.step, tiny_model=src.tiny)
+            if cfg.reward.kind == "reward_model":  # RLHF: the reward model's mean score
+                scorer = RewardModel.from_config(cfg.reward, tokenizer, cfg.device)
+                record, samples = evaluate_rm(engine, prompts, problems, scorer, common)
+            else:
+                record, samples = evaluate(engine, prompts, problems, common, grading=cfg.reward.grade_kwargs())
+            log.log_eval(src.step, {"benchmark": cfg.benchmark.name, "template": src.template, **record})
+            log.log_samples(src.step, samples)
+            key = score_key(cfg)
+            summary.update(
+                status="completed",
+                score_key=key,
+                final_score=record[key],
+                scores={k: v for k, v in record.items() if isinstance(v, float) and ("@" in k or k == key)},
+                template=src.template,
+                n_problems=len(problems),
+            )
+        finally:
+            if engine is not None:
+                engine.close()
     return summary
 
 

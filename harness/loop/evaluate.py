@@ -14,16 +14,21 @@ The record written to eval.jsonl holds these scores and, under "problems", one r
 
 from __future__ import annotations
 
-import logging
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from math import comb
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from harness.config import RunConfig
+from harness.loop.export import export_or_warn
+from harness.lora import engine_state_dict
+from harness.reward_model import evaluate_rm
 from harness.rewards import grade
+from harness.rollout.base import EvalSettings, sample_eval
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from harness.loop.state import Run
 
 PREDICTION_CHARS = 200  # a per-problem prediction longer than this is cut in eval.jsonl (votes use all of it)
 _INT_RE = re.compile(r"^[+-]?\d+$")
@@ -76,28 +81,18 @@ def evaluate(
     engine: Any,
     prompt_ids: Sequence[list[int]],
     problems: Sequence[Any],
-    *,
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int,
-    top_p: float = 1.0,
-    samples_to_keep: int = 0,
+    s: EvalSettings,
     grading: Mapping[str, Any] | None = None,
-    truncate_prompts: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Sample n completions per problem and grade them -> (record, samples).
 
     record: {"avg@n", "pass@k"..., "maj@n", "acc/<kind>"..., "problems": [...], ...} (module docstring);
-    samples: the first completion of the first `samples_to_keep` problems. `grading`: keyword arguments of
-    `rewards.grade` (fallback pattern, time limit, workers). `truncate_prompts`: prompts longer than the
+    samples: the first completion of the first `s.samples_to_keep` problems. `grading`: keyword arguments of
+    `rewards.grade` (fallback pattern, time limit, workers). `s.truncate_prompts`: prompts longer than the
     engine's `max_model_len - max_new_tokens` keep their last tokens (counted in "prompt_truncated_frac");
     otherwise such a prompt is a ValueError."""
-    prompts, n_cut = fit_prompts(prompt_ids, getattr(engine, "max_model_len", None), max_new_tokens, truncate_prompts)
-    ro = engine.generate(
-        prompts, n=n, max_new_tokens=max_new_tokens, topk=1, temperature=temperature, seed=seed, top_p=top_p,
-        progress=eval_label(len(prompts), n),
-    )  # fmt: skip
+    ro, n_cut = sample_eval(engine, prompt_ids, s)
+    n = s.n
     answers = [problems[int(g)].answer for g in ro.group]
     graded = grade(ro.texts, answers, ro.finished.tolist(), **dict(grading or {}))
 
@@ -151,34 +146,52 @@ def evaluate(
             "prediction": graded.extracted[i],
             "correct": graded.correct[i],
         }
-        for i in range(0, len(ro.texts), max(1, n))[:samples_to_keep]
+        for i in range(0, len(ro.texts), max(1, n))[: s.samples_to_keep]
     ]
     return record, samples
 
 
-def eval_label(problems: int, n: int) -> str:
-    """The evaluation's progress bar label (harness.rollout.base.progress_bar: shown on a terminal only)."""
-    return f"eval {problems} problems x {n}"
+def eval_settings(cfg: RunConfig, step: int, tiny_model: bool) -> EvalSettings:
+    """The evaluation's sampling and logging settings, the same in training (`eval_step`) and in `mode=eval`: the
+    seed follows the step, so evaluating checkpoint k samples as training's evaluation at step k did."""
+    return EvalSettings(
+        seed=cfg.seed * 1_000_003 + step,
+        n=cfg.eval.n,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
+        samples_to_keep=cfg.trainer.samples_per_eval,
+        truncate_prompts=cfg.eval.cut_prompts(tiny_model=tiny_model),
+    )
 
 
-def fit_prompts(
-    prompt_ids: Sequence[list[int]], max_model_len: int | None, max_new_tokens: int, truncate: bool
-) -> tuple[list[list[int]], int]:
-    prompts = [list(p) for p in prompt_ids]
-    if max_model_len is None:
-        return prompts, 0
-    room = max_model_len - max_new_tokens
-    too_long = sum(len(p) > room for p in prompts)
-    if not too_long:
-        return prompts, 0
-    longest = max(len(p) for p in prompts)
-    if not truncate or room < 1:
-        raise ValueError(
-            f"eval: {too_long} prompt(s) up to {longest} tokens do not fit model.max_model_len={max_model_len} "
-            f"minus max_new_tokens={max_new_tokens}; raise model.max_model_len or set eval.truncate_prompts=true"
-        )
-    logger.warning(
-        "eval: %d of %d prompts (up to %d tokens) cut to their last %d tokens to fit model.max_model_len=%d",
-        too_long, len(prompts), longest, room, max_model_len,
-    )  # fmt: skip
-    return [p[-room:] if len(p) > room else p for p in prompts], too_long
+def eval_step(run: Run, step: int) -> dict[str, float]:
+    """Evaluate on the benchmark (rank 0, logged there); every rank gets the record. Updates `best`/`last_eval`."""
+    cfg = run.cfg
+    if cfg.eval.engine == "policy":  # a collective under FSDP2, as sync_weights
+        state = run.pg.full_state_dict(run.policy)
+        if run.evaluator is not None:
+            run.evaluator.sync_weights(engine_state_dict(run.policy, state))
+    engine = run.evaluator if run.evaluator is not None else run.engine
+
+    def on_main() -> dict[str, float]:
+        common = eval_settings(cfg, step, tiny_model=cfg.model.path is None)
+        if run.scorer is not None:  # RLHF: the reward model's mean score on held-out prompts
+            record, samples = evaluate_rm(engine, run.eval_prompts, run.eval_set, run.scorer, common)
+        else:
+            record, samples = evaluate(
+                engine, run.eval_prompts, run.eval_set, common, grading=cfg.reward.grade_kwargs()
+            )
+        run.log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
+        run.log.log_samples(step, samples)
+        run.clipped.write_table(run.run_dir / "clipped_tokens.csv", run.tokenizer.decode)
+        return record
+
+    record = run.pg.from_main(on_main)
+    score = record[run.score_key]
+    run.best = score if run.best is None else max(run.best, score)
+    run.last_eval = record
+    if step >= 1 and (run.best_exported is None or score > run.best_exported):  # every rank: the export gathers
+        if export_or_warn(run, "best", step, score) is not None:
+            run.best_exported = score
+    return record

@@ -17,16 +17,23 @@ import copy
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from harness.errors import first_line
-from harness.loop.runlog import fsync_path
+from harness.loop.model_path import model_dir
+from harness.lora import engine_state_dict, is_lora
+from harness.rundir.files import fsync_path
+
+if TYPE_CHECKING:
+    from harness.loop.state import Run
 
 POLICY = "policy"
 INFO = "policy.json"
@@ -89,4 +96,40 @@ def read_info(folder: Path) -> dict[str, Any] | None:
     try:
         return json.loads((folder / INFO).read_text())
     except (OSError, ValueError):
+        return None
+
+
+# --- a run's policy folders ---
+
+
+def export_policy(run: Run, name: str, step: int, score: float | None) -> Path:
+    """policy/<name>: the current weights as a Hugging Face model folder (harness.loop.export), LoRA merged in. A
+    collective under FSDP2 (the full weights are gathered to rank 0, which writes); OSError if the write failed."""
+    folder = run.run_dir / POLICY / name
+    state = run.pg.full_state_dict(run.policy)
+    try:
+        if run.pg.main:
+            info = dict(
+                step=step,
+                score_key=run.score_key,
+                score=score,
+                objective=run.cfg.objective.name,
+                benchmark=run.cfg.benchmark.name,
+                base_model=str(model_dir(run.cfg)),
+                lora_merged=is_lora(run.policy),
+            )
+            save_policy_folder(folder, engine_state_dict(run.policy, state), run.policy, run.tokenizer, info)
+    finally:
+        run.pg.barrier()
+    return folder
+
+
+def export_or_warn(run: Run, name: str, step: int, score: float | None) -> Path | None:
+    """`export_policy`; a failed write (disk full) is one warning line, training goes on and the summary lists it
+    under `policy_failed` (resuming a finished run writes policy/final again)."""
+    try:
+        return export_policy(run, name, step, score)
+    except OSError as exc:
+        run.failed_exports.append(f"{name}@{step}")
+        tqdm.write(f"warning: {exc}; the run goes on without it", sys.stderr)
         return None

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from harness.config import compose, validate
-from harness.loop.state import model_dir
+from harness.loop.model_path import model_dir
 from harness.rewards import grade
 from harness.rollout.hf import HFEngine
 from harness.tasks import load_training_set, render_prompts

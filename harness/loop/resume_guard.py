@@ -19,33 +19,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from harness.config import RunConfig, SetupError
 from harness.loop.checkpoint import CHECKPOINTS, complete_checkpoints
-from harness.loop.runlog import atomic_write_json, atomic_write_text
+from harness.rundir.files import atomic_write_json, atomic_write_text
+from harness.rundir.record import CHANGES, RECORD, differences, show
 
-RECORD = "run_config.json"
-CHANGES = "resume_changes.jsonl"
 HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
-# Keys that change how a run is carried out or watched, not what it computes.
-FREE = (
-    "mode",
-    "name",
-    "logger",
-    "trainer.resume",
-    "trainer.resume_allow",
-    "trainer.threads",
-    "rollout.threads",
-    "trainer.eval_every",
-    "trainer.checkpoint_every",
-    "trainer.checkpoint_pause_s",
-    "trainer.samples_per_eval",
-    "trainer.tokens_per_eval",
-    "trainer.max_bad_steps",
-    "trainer.nan_at_steps",
-    "trainer.nan_logits_at_steps",
-)
 
 
 class ResumeRefused(SetupError):
@@ -86,7 +66,7 @@ def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
     if refused:
         if write:
             _restore_hydra_files(run_dir, record.get("hydra", {}))
-        shown = ", ".join(f"{k} {_show(changed[k][0])} -> {_show(changed[k][1])}" for k in refused)
+        shown = ", ".join(f"{k} {show(changed[k][0])} -> {show(changed[k][1])}" for k in refused)
         raise ResumeRefused(
             f"trainer.resume: the config differs from the run's in {run_dir} ({shown}); resume with the run's own "
             f"config, or allow a deliberate change with trainer.resume_allow=[{','.join(refused)}]"
@@ -96,39 +76,6 @@ def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
         with open(run_dir / CHANGES, "a", encoding="utf-8") as f:
             f.write(line + "\n")
         atomic_write_json(path, {"config": config, "hydra": _hydra_files(run_dir)})
-
-
-def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (old, new)} of every key that differs, the free ones left out. A key the old config lacks whose
-    new value is off (null or empty: a switch added since, such as trainer.save_batches) is no difference: new
-    settings default to what runs did before them, so a run made before one was added is still that setting."""
-    a, b = _flat(old), _flat(new)
-    keys = sorted(set(a) | set(b))
-    return {
-        k: (a.get(k), b.get(k))
-        for k in keys
-        if _norm(a.get(k)) != _norm(b.get(k))
-        and not any(k == f or k.startswith(f"{f}.") for f in FREE)
-        and not (k not in a and _norm(b[k]) in (None, [], {}))
-    }
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _norm(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value  # JSON has no tuples
-
-
-def _show(value: Any) -> str:
-    return json.dumps(_norm(value), default=str)
 
 
 def _hydra_files(run_dir: Path) -> dict[str, str]:

@@ -9,196 +9,40 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from harness.errors import first_line
+from harness.rundir.files import (
+    JSONL_FILES,
+    LogWriteError,
+    atomic_write_json,
+    atomic_write_text,
+    finite,
+    parse_jsonl,
+    read_jsonl,
+    to_python,
+    writing,
+)
+from harness.rundir.wandb import WandbSettings, resolve_wandb_mode
 
 logger = logging.getLogger(__name__)
 
-JSONL_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
-WANDB_MODES = ("online", "offline", "disabled")
-# Legacy spellings wandb itself still accepts in WANDB_MODE.
-_ENV_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 # wandb.init first resolves the account with its own ~10 s request timeout, and only then starts the
 # init_timeout clock, so the hang guard waits init_timeout_s plus this margin (measured: 10 s + timeout).
 _INIT_GRACE_S = 15.0
 _FINISH_GRACE_S = 15.0
 
 
-@dataclass
-class WandbSettings:
-    """How the run is mirrored to Weights & Biases (the local run directory is always written).
-
-    Mode precedence: `mode` when set, else the WANDB_MODE environment variable, else "offline".
-    "disabled" (or enabled=False) never imports wandb and writes nothing.
-    """
-
-    enabled: bool = True
-    project: str = "trust-region-harness"
-    entity: str | None = None
-    mode: str | None = None
-    group: str | None = None
-    name: str | None = None
-    job_type: str | None = None
-    tags: list[str] = field(default_factory=list)
-    # Top-level W&B config fields, for filters and group-by (harness/loop/wandb_run.py); the run's whole config
-    # goes next to them under `cfg`.
-    config: dict[str, Any] = field(default_factory=dict)
-    # Bounds wandb.init's wait for the server (wandb's own default is 90 s, which stalls offline machines).
-    init_timeout_s: float = 20.0
-    # Bounds run.finish's final upload; unsent data stays on disk for `wandb sync`.
-    finish_timeout_s: float = 60.0
-
-
-def resolve_wandb_mode(settings: WandbSettings | None) -> str:
-    """The mode W&B will run in: "online", "offline" or "disabled" (see WandbSettings for precedence)."""
-    if settings is None or not settings.enabled:
-        return "disabled"
-    if settings.mode is not None:
-        if settings.mode not in WANDB_MODES:
-            raise ValueError(f"wandb mode={settings.mode!r} is not allowed; use one of {WANDB_MODES}")
-        return settings.mode
-    env = os.environ.get("WANDB_MODE", "").strip().lower()
-    env = _ENV_MODE_ALIASES.get(env, env)
-    if env and env not in WANDB_MODES:
-        raise ValueError(f"WANDB_MODE={env!r} is not allowed; use one of {WANDB_MODES}")
-    return env or "offline"
-
-
-class LogWriteError(RuntimeError):
-    """A run-directory file (metrics, eval, samples, tokens, tables) could not be written: a full disk or a lost
-    mount. Not an OSError, so the checkpoint path's own handling (skip one checkpoint, go on) never swallows it:
-    the run stops, everything up to its newest checkpoint intact, and continues with trainer.resume=true."""
-
-    def __init__(self, path: Path, error: OSError, step: int | None = None) -> None:
-        at = "" if step is None else f" at step {step}"
-        super().__init__(
-            f"{path.name} could not be written{at} ({error.strerror or error}); the run stopped with everything up "
-            "to its newest checkpoint intact: free space, then continue it with trainer.resume=true"
-        )
-
-
-@contextlib.contextmanager
-def writing(path: Path, step: int | None = None) -> Iterator[None]:
-    """OSError inside -> LogWriteError naming the file."""
-    try:
-        yield
-    except OSError as e:
-        raise LogWriteError(path, e, step) from e
-
-
-# --- atomic files -------------------------------------------------------------------------------------------
-
-
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    """Replace `path` with `data` so readers see the old or the new file, never a half-written one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)  # makes the rename itself survive a power cut
-
-
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """atomic_write_bytes of `text` as UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: Path | str, obj: Any) -> None:
-    """atomic_write_text of `obj` as indented JSON; tensors/numpy become numbers and NaN/inf become null."""
-    atomic_write_text(path, json.dumps(_finite(_to_python(obj, Path(path).name)), indent=2) + "\n")
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a folder (a folder's fsync makes renames inside it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# --- values ---------------------------------------------------------------------------------------------------
-
-
-def _to_python(value: Any, where: str) -> Any:
-    """Plain Python copy of `value`: tensors and numpy values become numbers (0-dim) or nested lists."""
-    if isinstance(value, dict):
-        return {str(k): _to_python(v, f"{where}[{k!r}]") for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_python(v, where) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if hasattr(value, "tolist"):  # torch.Tensor, numpy arrays and numpy scalars; works with requires_grad too
-        return _to_python(value.tolist(), where)
-    raise ValueError(
-        f"{where}: cannot log a {type(value).__name__}; allowed: numbers, str, bool, None, tensors, numpy, lists, dicts"
-    )
-
-
-def _finite(value: Any) -> Any:
-    """NaN and +-inf become None, because JSON has no spelling for them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _numbers(record: dict[str, Any]) -> dict[str, float | int]:
     """The numeric fields of a record, NaN kept, for W&B (which plots NaN as a gap and cannot plot strings)."""
     return {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-
-
-# --- JSONL reading --------------------------------------------------------------------------------------------
-
-
-def _parse_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Records of the complete lines and the byte length they span.
-
-    A line is complete when it ends in a newline and parses; the last line may be torn (a crash mid-write,
-    or null bytes after a power cut) and is left out. A bad line anywhere else is corruption: ValueError.
-    """
-    data = path.read_bytes()
-    pieces = data.split(b"\n")  # the last piece is whatever follows the final newline: b"" or a torn line
-    records: list[dict[str, Any]] = []
-    good_end = pos = 0
-    for i, piece in enumerate(pieces[:-1]):
-        pos += len(piece) + 1
-        if not piece.strip():
-            good_end = pos
-            continue
-        try:
-            records.append(json.loads(piece))
-        except ValueError:
-            if i == len(pieces) - 2 and not pieces[-1]:
-                break  # the last line is garbage: torn, drop it
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON (only the last line may be torn)") from None
-        good_end = pos
-    return records, good_end
-
-
-def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
-    """All complete records of a JSONL file; a torn last line (a run still writing, or a crash) is skipped."""
-    return _parse_jsonl(Path(path))[0]
 
 
 # --- the run log ----------------------------------------------------------------------------------------------
@@ -231,7 +75,7 @@ class RunLog:
                 continue
             if not resume:
                 raise ValueError(f"{path} already exists; pass resume=True to continue that run or use a new dir")
-            records, good_end = _parse_jsonl(path)
+            records, good_end = parse_jsonl(path)
             if good_end < path.stat().st_size:
                 logger.warning("%s: dropping a torn last line left by the previous session", path)
                 os.truncate(path, good_end)
@@ -324,7 +168,7 @@ class RunLog:
             raise ValueError(f"finish status={status!r} is not allowed; use 'completed' or 'failed'")
         if self._finished:
             raise RuntimeError(f"RunLog.finish called twice for {self.run_dir}")
-        summary = _to_python(summary, "summary")  # a bad value raises here, while finish can still be retried
+        summary = to_python(summary, "summary")  # a bad value raises here, while finish can still be retried
         self._finished = True
         try:
             self._close_files()
@@ -356,12 +200,12 @@ class RunLog:
     def _record(self, step: int, fields: dict[str, Any], where: str) -> dict[str, Any]:
         if "step" in fields:
             raise ValueError(f"{where}: key 'step' is reserved; pass the step as the first argument")
-        return {"step": int(step), **_to_python(fields, where)}
+        return {"step": int(step), **to_python(fields, where)}
 
     def _append(self, name: str, records: list[dict[str, Any]], step: int) -> None:
         """One write of whole lines, unbuffered: a crash can tear only the last line, which readers skip, and a
         failed write (disk full) is cut back off the file, so it ends on a whole line and loses only this step."""
-        data = "".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in records).encode("utf-8")
+        data = "".join(json.dumps(finite(r), allow_nan=False) + "\n" for r in records).encode("utf-8")
         path = self.run_dir / name
         with writing(path, step):
             fd = self._files.get(name)
@@ -494,7 +338,7 @@ def _quiet_finish(run: Any, exit_code: int, warn: bool) -> None:
 
 def _cell(value: Any) -> Any:
     # W&B tables want scalars; nested values are shown as their JSON text.
-    return json.dumps(_finite(value)) if isinstance(value, dict | list) else value
+    return json.dumps(finite(value)) if isinstance(value, dict | list) else value
 
 
 def _now() -> str:
@@ -521,3 +365,18 @@ class NullLog:
 
     def finish(self, status: str, summary: dict[str, Any], error: str | None = None) -> None:
         pass
+
+
+@contextlib.contextmanager
+def finishing(log: RunLog | NullLog, summary: dict[str, Any], t_start: float) -> Iterator[None]:
+    """The body of a run (training or evaluation): summary.json ends "completed" with the wall time, or, on any
+    exception (KeyboardInterrupt too: the run directory must say it did not finish), "failed" with the error and
+    the traceback, and the exception goes on."""
+    try:
+        yield
+    except BaseException as exc:
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        log.finish("failed", summary, error=traceback.format_exc())
+        raise
+    summary["wall_time_s"] = time.time() - t_start
+    log.finish("completed", summary)

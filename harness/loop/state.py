@@ -1,8 +1,9 @@
-"""What a training run carries from step to step, built in one place, and the services that act on it: weight
-sync into the engine, checkpoints, resume, evaluation, policy export.
+"""What a training run carries from step to step, built in one place, and its weight sync into the engine.
+Checkpoints (`checkpoint.py`), resume (`resume.py`), evaluation (`evaluate.py`) and policy export (`export.py`)
+act on it, each in its own module.
 
 `build_run` is the setup phase of DESIGN.md's data flow: model, engine, data, objective, optimizer. Everything
-that depends on the rank goes through `Run.pg` (harness.loop.distributed), whose one-process implementation is
+that depends on the rank goes through `Run.pg` (harness.distributed), whose one-process implementation is
 the identity: rank 0 holds the engine, the run log and the token sampler; the other ranks hold null ones.
 """
 
@@ -10,42 +11,34 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from harness import precision as precisions
 from harness.config import RunConfig, SetupError
+from harness.distributed import ProcessGroup
 from harness.errors import first_line
-from harness.loop import wandb_run
-from harness.loop.checkpoint import load_latest, save_checkpoint, save_sharded_checkpoint
 from harness.loop.diagnostics import ClippedTokens
-from harness.loop.distributed import ProcessGroup
-from harness.loop.evaluate import evaluate
-from harness.loop.export import POLICY, read_info, save_policy_folder
-from harness.loop.runlog import NullLog, RunLog, WandbSettings, read_jsonl
+from harness.loop.model_path import model_dir
+from harness.loop.runlog import NullLog, RunLog
 from harness.loop.tokens import TokenSamples
+from harness.loop.wandb_run import wandb_settings
 from harness.lora import (
-    adapter_state_dict,
     apply_lora,
     engine_state_dict,
-    is_lora,
-    restore_adapter,
     trainable_parameters,
 )
-from harness.models import TinyModelConfig, build_tiny, default_cache_dir, load_policy, load_tokenizer_of
+from harness.models import load_policy, load_tokenizer_of
 from harness.objectives import get_objective
 from harness.objectives.registry import Objective
-from harness.reward_model import RewardModel, evaluate_rm
+from harness.reward_model import RewardModel
 from harness.rollout import engine_from_config, make_engine
 from harness.rollout.base import RolloutEngine
-from harness.tasks import arith_config, load_problems, render_prompts
-from harness.tasks.arith import ArithConfig, Problem
+from harness.tasks import load_problems, render_prompts
+from harness.tasks.arith import Problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -88,6 +81,13 @@ class Run:
     @property
     def horizon(self) -> int:
         return self.cfg.trainer.horizon or self.cfg.trainer.max_new_tokens
+
+    def sync_weights(self) -> None:
+        """The engine's copy follows the trainer (through the precision's transform). A collective under FSDP2:
+        every rank takes part, rank 0 pushes."""
+        state = self.pg.full_state_dict(self.policy)
+        if self.engine is not None:  # LoRA: the base weights with the adapters merged in, under the base names
+            self.engine.sync_weights(engine_state_dict(self.policy, state))
 
     def close(self) -> None:
         if self.engine is not None:
@@ -207,206 +207,3 @@ def _prepare_policy(
         )
     gpu_bf16 = prec.train_autocast if cfg.device == "cuda" else None
     return pg.shard(policy, param_dtype=gpu_bf16)
-
-
-def sync_weights(run: Run) -> None:
-    """The engine's copy follows the trainer (through the precision's transform). A collective under FSDP2:
-    every rank takes part, rank 0 pushes."""
-    state = run.pg.full_state_dict(run.policy)
-    if run.engine is not None:  # LoRA: the base weights with the adapters merged in, under the base names
-        run.engine.sync_weights(engine_state_dict(run.policy, state))
-
-
-def resume(run: Run) -> None:
-    """Continue from the newest checkpoint when `trainer.resume` is set (weights, optimizer, RNG streams, counters),
-    cutting the logs back to it; then open the token sampler and read the best score evaluated so far and the one
-    policy/best holds."""
-    if run.cfg.trainer.resume:
-        restore = run.pg.restore(run.policy, run.optimizer)  # a one-process checkpoint under torchrun
-        lora = is_lora(run.policy)
-        if lora:  # checkpoints hold the adapters only
-            restore = restore_adapter(run.policy, run.optimizer, sharded=run.pg.active)
-        state = load_latest(run.run_dir, run.policy, run.optimizer, restore, adapters_only=lora)
-        _set_hyperparameters(run.optimizer, run.cfg)  # the config's (a resume_allow change), not the saved ones
-        run.done_steps = int(state["step"]) if state else 0
-        run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
-        run.clipped = ClippedTokens(state["extra"].get("clipped_tokens") if state else None)
-        run.log.truncate_after(run.done_steps if state else -1)
-        sync_weights(run)
-    run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None
-    run.best = eval_scores(run.run_dir, run.score_key)[1]
-    run.best_exported = run.pg.from_main(lambda: _kept_best(run))
-
-
-def _kept_best(run: Run) -> float | None:
-    """The score policy/best was exported with, if it is from a step this run has reached; a folder from past the
-    checkpoint resumed from (an abandoned future) or from a run started over is removed."""
-    folder = run.run_dir / POLICY / "best"
-    info = read_info(folder)
-    if info is not None and int(info.get("step", 0)) <= run.done_steps and info.get("score_key") == run.score_key:
-        return float(info["score"])
-    if folder.exists():
-        shutil.rmtree(folder)
-    return None
-
-
-def _set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: RunConfig) -> None:
-    t = cfg.trainer
-    for group in optimizer.param_groups:
-        group.update(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
-
-
-def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
-    """checkpoints/step_<step>. One process: safetensors + optimizer.pt. Several: every rank writes its own shards
-    at once (torch.distributed.checkpoint), nothing is gathered; rank 0 publishes the folder."""
-    extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
-    lora = is_lora(run.policy)  # the adapters only: the frozen base is the model the run started from
-    if run.pg.main:
-        run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
-    if run.pg.active:
-        save_sharded_checkpoint(
-            run.run_dir, step, run.policy, run.optimizer, extra, run.pg, adapters_only=lora, pause_s=pause_s
-        )
-        return
-    weights = adapter_state_dict(run.policy.state_dict()) if lora else None
-    save_checkpoint(run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights)
-
-
-def export_policy(run: Run, name: str, step: int, score: float | None) -> Path:
-    """policy/<name>: the current weights as a Hugging Face model folder (harness.loop.export), LoRA merged in. A
-    collective under FSDP2 (the full weights are gathered to rank 0, which writes); OSError if the write failed."""
-    folder = run.run_dir / POLICY / name
-    state = run.pg.full_state_dict(run.policy)
-    try:
-        if run.pg.main:
-            info = dict(
-                step=step,
-                score_key=run.score_key,
-                score=score,
-                objective=run.cfg.objective.name,
-                benchmark=run.cfg.benchmark.name,
-                base_model=str(model_dir(run.cfg)),
-                lora_merged=is_lora(run.policy),
-            )
-            save_policy_folder(folder, engine_state_dict(run.policy, state), run.policy, run.tokenizer, info)
-    finally:
-        run.pg.barrier()
-    return folder
-
-
-def checkpoint_or_warn(run: Run, step: int) -> None:
-    """A scheduled checkpoint. A failed write (disk full, quota) leaves the older checkpoints intact: training goes
-    on and the summary lists the step."""
-    try:
-        checkpoint(run, step, pause_s=run.cfg.trainer.checkpoint_pause_s)
-    except OSError as exc:
-        run.failed_saves.append(step)
-        tqdm.write(f"warning: {exc}; training continues, the previous checkpoint is intact", sys.stderr)
-
-
-def export_or_warn(run: Run, name: str, step: int, score: float | None) -> Path | None:
-    """`export_policy`; a failed write (disk full) is one warning line, training goes on and the summary lists it
-    under `policy_failed` (resuming a finished run writes policy/final again)."""
-    try:
-        return export_policy(run, name, step, score)
-    except OSError as exc:
-        run.failed_exports.append(f"{name}@{step}")
-        tqdm.write(f"warning: {exc}; the run goes on without it", sys.stderr)
-        return None
-
-
-def run_eval(run: Run, step: int) -> dict[str, float]:
-    """Evaluate on the benchmark (rank 0, logged there); every rank gets the record. Updates `best`/`last_eval`."""
-    cfg = run.cfg
-    if cfg.eval.engine == "policy":  # a collective under FSDP2, as sync_weights
-        state = run.pg.full_state_dict(run.policy)
-        if run.evaluator is not None:
-            run.evaluator.sync_weights(engine_state_dict(run.policy, state))
-    engine = run.evaluator if run.evaluator is not None else run.engine
-
-    def on_main() -> dict[str, float]:
-        common = dict(
-            seed=cfg.seed * 1_000_003 + step,
-            n=cfg.eval.n,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.trainer.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            samples_to_keep=cfg.trainer.samples_per_eval,
-            truncate_prompts=cfg.eval.cut_prompts(tiny_model=cfg.model.path is None),
-        )
-        if run.scorer is not None:  # RLHF: the reward model's mean score on held-out prompts
-            record, samples = evaluate_rm(engine, run.eval_prompts, run.eval_set, run.scorer, **common)
-        else:
-            record, samples = evaluate(
-                engine, run.eval_prompts, run.eval_set, grading=cfg.reward.grade_kwargs(), **common
-            )
-        run.log.log_eval(step, {"benchmark": cfg.benchmark.name, **record})
-        run.log.log_samples(step, samples)
-        run.clipped.write_table(run.run_dir / "clipped_tokens.csv", run.tokenizer.decode)
-        return record
-
-    record = run.pg.from_main(on_main)
-    score = record[run.score_key]
-    run.best = score if run.best is None else max(run.best, score)
-    run.last_eval = record
-    if step >= 1 and (run.best_exported is None or score > run.best_exported):  # every rank: the export gathers
-        if export_or_warn(run, "best", step, score) is not None:
-            run.best_exported = score
-    return record
-
-
-def eval_scores(run_dir: Path, key: str) -> tuple[float | None, float | None]:
-    """(first, best) score in eval.jsonl so far: what a resumed run already measured."""
-    path = run_dir / "eval.jsonl"
-    scores = [r[key] for r in read_jsonl(path) if r.get(key) is not None] if path.exists() else []
-    return (scores[0], max(scores)) if scores else (None, None)
-
-
-def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
-    """Job type, name, group and top-level config of the run in W&B (harness/loop/wandb_run.py)."""
-    if cfg.logger.name == "none":
-        return None
-    return WandbSettings(
-        enabled=True,
-        project=cfg.logger.project,
-        entity=cfg.logger.entity,
-        mode=cfg.logger.mode,
-        group=cfg.name,
-        name=wandb_run.run_name(cfg, wandb_run.job_overrides()),
-        job_type=wandb_run.job_type(cfg),
-        tags=[cfg.model.name, cfg.precision.name],
-        config=wandb_run.top_level_config(cfg),
-        init_timeout_s=cfg.logger.init_timeout_s,
-    )
-
-
-def model_dir(cfg: RunConfig) -> Path | str:
-    """The checkpoint to train: `model.path` as given, or the tiny model built (once, cached) from its config."""
-    if cfg.model.path is not None:
-        return cfg.model.path
-    return build_tiny(*tiny_spec(cfg))
-
-
-def tiny_spec(cfg: RunConfig) -> tuple[TinyModelConfig, ArithConfig, Path]:
-    """What `build_tiny` is given for this run: the tiny model's config, the task it is warm-started on, and the
-    cache folder. `tiny_model_dir(*tiny_spec(cfg)).name` names the model without building it (a pass-rate file
-    records that name)."""
-    m = cfg.model
-    tiny = TinyModelConfig(
-        vocab_size=m.vocab_size,
-        hidden_size=m.hidden_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_model_len,
-        sft_steps=m.sft_steps,
-        sft_lr=m.sft_lr,
-        sft_batch=m.sft_batch,
-        seed=m.init_seed,
-        corpus_size=m.corpus_size,
-        unused_tokens=m.unused_tokens,
-    )
-    cache = Path(m.cache_dir).expanduser() if m.cache_dir else default_cache_dir()
-    return tiny, arith_config(cfg.data), cache

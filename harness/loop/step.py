@@ -23,8 +23,9 @@ import torch
 from harness.advantages import compute_advantages
 from harness.batch import TrainBatch, build_batch, policy_logprobs
 from harness.logprobs import LogProbOutput
+from harness.loop.checkpoint import checkpoint
 from harness.loop.diagnostics import rollout_metrics, zero_weight
-from harness.loop.state import Run, checkpoint, sync_weights
+from harness.loop.state import Run
 from harness.loop.tokens import token_rows
 from harness.objectives import aggregate
 from harness.rewards import grade
@@ -57,7 +58,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     old_logp = recompute_old_logp(run, batch)
     update_metrics, updates = update_minibatches(run, step, batch, old_logp)
     if run.cfg.rollout.sync == "rollout":
-        sync_weights(run)
+        run.sync_weights()
     t_train = time.time() - t1
 
     n_tokens = float(ro.mask.sum())
@@ -275,7 +276,7 @@ def apply_update(run: Run, loss: torch.Tensor) -> tuple[bool, torch.Tensor, torc
     if torch.isfinite(loss) and torch.isfinite(grad_norm):
         run.optimizer.step()
         if run.cfg.rollout.sync == "step":
-            sync_weights(run)
+            run.sync_weights()
         return True, loss, grad_norm
     skip_update(run)
     return False, loss, grad_norm

@@ -17,7 +17,7 @@ import torch
 
 from harness.batch import TrainBatch
 from harness.logprobs import LogProbOutput
-from harness.loop.runlog import atomic_write_bytes, writing
+from harness.rundir.files import atomic_write_bytes, writing
 
 COLUMNS = ("step", "row", "pos", "token_id", "mu", "pi", "pi_old", "adv", "entropy", "kept", "weight")
 

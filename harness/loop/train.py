@@ -1,7 +1,7 @@
 """The RL training loop: setup, resume, the steps, the summary. Each phase is a named function; one step's phases
 read top to bottom in harness/loop/step.py, the state they share is `harness.loop.state.Run`.
 
-Under torchrun (harness/loop/distributed.py) the same function runs in every process: rank 0 holds the rollout
+Under torchrun (harness/distributed.py) the same function runs in every process: rank 0 holds the rollout
 engine and the run directory, every rank holds the whole step's batch and trains on its share of each
 mini-batch's rows with the policy sharded by FSDP2. With one process the collectives are identities.
 """
@@ -9,27 +9,21 @@ mini-batch's rows with the policy sharded by FSDP2. With one process the collect
 from __future__ import annotations
 
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from harness import distributed
 from harness.config import RunConfig
-from harness.loop import distributed
-from harness.loop.runlog import read_jsonl
-from harness.loop.state import (
-    Run,
-    build_run,
-    checkpoint_or_warn,
-    eval_scores,
-    export_or_warn,
-    open_log,
-    resume,
-    run_eval,
-    sync_weights,
-)
+from harness.loop.checkpoint import checkpoint_or_warn
+from harness.loop.evaluate import eval_step
+from harness.loop.export import export_or_warn
+from harness.loop.resume import eval_scores, resume
+from harness.loop.runlog import finishing
+from harness.loop.state import Run, build_run, open_log
 from harness.loop.step import rl_step
+from harness.rundir.files import read_jsonl
 
 
 def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
@@ -39,37 +33,34 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
     log = open_log(cfg, run_dir, raw_config, pg)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "objective": cfg.objective.name}
     run: Run | None = None
-    try:
-        run = build_run(cfg, run_dir, pg, log)
-        sync_weights(run)
-        resume(run)
-        if run.done_steps == 0:
-            summary["initial_score"] = run_eval(run, 0)[run.score_key]
-        t = cfg.trainer
-        bar = progress(run)
-        for step in bar:
-            metrics = rl_step(run, step)
-            last = run.last_eval
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-")
-            done = step == t.total_steps
-            if step % t.eval_every == 0 or done:
-                run_eval(run, step)
-            if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
-                checkpoint_or_warn(run, step)
-        summary.update(final_summary(run, summary))
-        final = export_or_warn(run, "final", t.total_steps, summary["final_score"])
-        summary["policy"] = None if final is None else str(final)
-        if run.failed_exports:
-            summary["policy_failed"] = run.failed_exports
-    except BaseException as exc:  # KeyboardInterrupt too: the run directory must say it did not finish
-        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        log.finish("failed", summary, error=traceback.format_exc())
-        raise
-    finally:
-        if run is not None:
-            run.close()
-    summary["wall_time_s"] = time.time() - t_start
-    log.finish("completed", summary)
+    with finishing(log, summary, t_start):
+        try:
+            run = build_run(cfg, run_dir, pg, log)
+            run.sync_weights()
+            resume(run)
+            if run.done_steps == 0:
+                summary["initial_score"] = eval_step(run, 0)[run.score_key]
+            t = cfg.trainer
+            bar = progress(run)
+            for step in bar:
+                metrics = rl_step(run, step)
+                last = run.last_eval
+                bar.set_postfix(
+                    reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-"
+                )
+                done = step == t.total_steps
+                if step % t.eval_every == 0 or done:
+                    eval_step(run, step)
+                if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
+                    checkpoint_or_warn(run, step)
+            summary.update(final_summary(run, summary))
+            final = export_or_warn(run, "final", t.total_steps, summary["final_score"])
+            summary["policy"] = None if final is None else str(final)
+            if run.failed_exports:
+                summary["policy_failed"] = run.failed_exports
+        finally:
+            if run is not None:
+                run.close()
     return summary
 
 
@@ -93,7 +84,7 @@ def final_summary(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
         path = run.run_dir / "eval.jsonl"
         previous = read_jsonl(path) if path.exists() else []
         last = run.pg.broadcast(previous[-1] if previous else None)
-        run.last_eval = last or run_eval(run, run.cfg.trainer.total_steps)
+        run.last_eval = last or eval_step(run, run.cfg.trainer.total_steps)
     out: dict[str, Any] = dict(
         status="completed",
         final_score=run.last_eval[run.score_key],

@@ -4,7 +4,7 @@
 - name: what tells the run apart from the others of its experiment: the objective (an eval run: `eval-<benchmark>`)
   then the job's Hydra overrides, sorted by key, seed always included, e.g. `dppo-seed=2-trainer.lr=1e-4`.
   Overrides that change how a run is carried out or watched rather than what it computes (threads, logging,
-  output folders, the experiment file itself: resume_guard.FREE and hydra.*) are left out; a path keeps only its
+  output folders, the experiment file itself: rundir.record.FREE and hydra.*) are left out; a path keeps only its
   last component, a nested group only its last part (`+experiment/arm=dppo_0.2` -> `arm=dppo_0.2`).
   Deterministic: no dates, no run-directory stamp.
 - group: the experiment (`name` in the config, the output folder outputs/<name>/).
@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.config import RunConfig
-from harness.loop.resume_guard import FREE
+from harness.rundir.record import FREE
+from harness.rundir.wandb import WandbSettings
 
 JOB_TYPES = ("train", "eval")
-# Beyond resume_guard.FREE: Hydra's own settings and caches. `hydra` and FREE's keys cover their sub-keys too.
+# Beyond rundir.record.FREE: Hydra's own settings and caches. `hydra` and FREE's keys cover their sub-keys too.
 _NOT_IN_NAME = (*FREE, "hydra", "model.cache_dir")
 # The experiment file is the group already; its arms (+experiment/arm=dppo_0.2) do tell runs apart.
 _EXACT_NOT_IN_NAME = ("experiment",)
@@ -79,3 +80,21 @@ def job_overrides() -> list[str]:
     if not HydraConfig.initialized():
         return []
     return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
+    """Job type, name, group and top-level config of the run in W&B (harness/loop/py)."""
+    if cfg.logger.name == "none":
+        return None
+    return WandbSettings(
+        enabled=True,
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        mode=cfg.logger.mode,
+        group=cfg.name,
+        name=run_name(cfg, job_overrides()),
+        job_type=job_type(cfg),
+        tags=[cfg.model.name, cfg.precision.name],
+        config=top_level_config(cfg),
+        init_timeout_s=cfg.logger.init_timeout_s,
+    )

@@ -1,4 +1,4 @@
-"""Rollout engines: one protocol (`RolloutEngine`), two implementations (HF generate, vLLM), one factory."""
+"""Rollout engines: one base class (`RolloutEngine`), two implementations (HF generate, vLLM), one factory."""
 
 from __future__ import annotations
 

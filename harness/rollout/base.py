@@ -9,10 +9,12 @@ token is not among them it overwrites the K-th entry, so the set always has exac
 
 from __future__ import annotations
 
+import logging
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -20,6 +22,9 @@ from tqdm import tqdm
 
 if TYPE_CHECKING:  # transformers costs seconds to import; the Top-K helpers and the protocol do not need it
     from transformers import PreTrainedTokenizerBase
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,8 +51,30 @@ class Rollout:
     """[B] decoded responses, special tokens skipped"""
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
+@dataclass(frozen=True)
+class Sampling:
+    """One `generate` call, its arguments checked and its seed decided: what an engine's `sample` draws."""
+
+    prompts: list[list[int]]
+    n: int
+    max_new_tokens: int
+    topk: int
+    temperature: float
+    seed: int
+    top_p: float
+    progress: str | None
+
+
+class RolloutEngine(ABC):
+    """What samples rollouts. `generate` is shared: it checks the arguments and, when no seed is given, derives one
+    from the engine's seed and its call count (`call_seed`), so a fixed-seed run samples the same rollouts; each
+    engine's `sample` draws them. Engines set `seed`, `max_topk`, `max_model_len` and `_calls = 0`."""
+
+    seed: int
+    max_topk: int
+    max_model_len: int | None
+    _calls: int
+
     def generate(
         self,
         prompts: list[list[int]],
@@ -63,15 +90,24 @@ class RolloutEngine(Protocol):
         then not the sampled distribution's (HF: log_softmax(logits / T) over the whole vocabulary; vLLM: processed,
         renormalised over the nucleus), so training rollouts keep top_p = 1 (objectives.md P5). `progress`: a
         label for a progress bar on stderr while the call runs (`progress_bar`; evaluation sets it)."""
-        ...
+        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
+        if seed is None:
+            seed = call_seed(self.seed, self._calls)
+        self._calls += 1
+        return self.sample(Sampling(prompts, n, max_new_tokens, topk, temperature, seed, top_p, progress))
 
+    @abstractmethod
+    def sample(self, s: Sampling) -> Rollout: ...
+
+    @abstractmethod
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None: ...
 
+    @abstractmethod
     def close(self) -> None: ...
 
 
 @runtime_checkable
-class ScoringEngine(RolloutEngine, Protocol):
+class ScoringEngine(Protocol):
     """Optional extension: teacher-forced log-probs of given responses under the engine's weights.
 
     Check with `isinstance(engine, ScoringEngine)`; both built-in engines implement it.
@@ -118,6 +154,56 @@ def progress_bar(label: str, total: int, unit: str) -> tqdm:
     removed when done (leave=False) so that the training loop's own bar, which tqdm keeps on the line above, stays
     as it was."""
     return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True, disable=None, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a held-out evaluation samples: `n` completions per problem, `seed` (the step's: harness.loop.evaluate),
+    `top_p` < 1 for the papers' nucleus evaluation; `samples_to_keep` completions go to samples.jsonl;
+    `truncate_prompts`: prompts too long for the engine keep their last tokens instead of being an error."""
+
+    n: int
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    top_p: float = 1.0
+    samples_to_keep: int = 0
+    truncate_prompts: bool = False
+
+
+def sample_eval(engine: Any, prompt_ids: Sequence[list[int]], s: EvalSettings) -> tuple[Rollout, int]:
+    """(the evaluation's rollout, how many prompts were cut to fit), with a progress bar labelled by its size."""
+    prompts, n_cut = fit_prompts(
+        prompt_ids, getattr(engine, "max_model_len", None), s.max_new_tokens, s.truncate_prompts
+    )
+    ro = engine.generate(
+        prompts, n=s.n, max_new_tokens=s.max_new_tokens, topk=1, temperature=s.temperature, seed=s.seed,
+        top_p=s.top_p, progress=f"eval {len(prompts)} problems x {s.n}",
+    )  # fmt: skip
+    return ro, n_cut
+
+
+def fit_prompts(
+    prompt_ids: Sequence[list[int]], max_model_len: int | None, max_new_tokens: int, truncate: bool
+) -> tuple[list[list[int]], int]:
+    prompts = [list(p) for p in prompt_ids]
+    if max_model_len is None:
+        return prompts, 0
+    room = max_model_len - max_new_tokens
+    too_long = sum(len(p) > room for p in prompts)
+    if not too_long:
+        return prompts, 0
+    longest = max(len(p) for p in prompts)
+    if not truncate or room < 1:
+        raise ValueError(
+            f"eval: {too_long} prompt(s) up to {longest} tokens do not fit model.max_model_len={max_model_len} "
+            f"minus max_new_tokens={max_new_tokens}; raise model.max_model_len or set eval.truncate_prompts=true"
+        )
+    logger.warning(
+        "eval: %d of %d prompts (up to %d tokens) cut to their last %d tokens to fit model.max_model_len=%d",
+        too_long, len(prompts), longest, room, max_model_len,
+    )  # fmt: skip
+    return [p[-room:] if len(p) > room else p for p in prompts], too_long
 
 
 def call_seed(engine_seed: int, call_index: int) -> int:

@@ -24,16 +24,16 @@ from harness.precision import StateDictTransform
 from harness.quant import QuantSpec, quantize_model
 from harness.rollout.base import (
     Rollout,
+    RolloutEngine,
+    Sampling,
     assemble_rollout,
-    call_seed,
-    check_generate_args,
     load_tokenizer,
     mask_through_first_eos,
     progress_bar,
 )
 
 
-class HFEngine:
+class HFEngine(RolloutEngine):
     """RolloutEngine (and ScoringEngine) on transformers `generate`."""
 
     def __init__(
@@ -88,35 +88,25 @@ class HFEngine:
                 own.copy_(weights[name])
 
     # --- sampling ---
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_new_tokens: int,
-        topk: int = 1,
-        temperature: float = 1.0,
-        seed: int | None = None,
-        top_p: float = 1.0,
-        progress: str | None = None,
-    ) -> Rollout:
-        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
-        if seed is None:
-            seed = call_seed(self.seed, self._calls)
-        self._calls += 1
-        input_ids, attention_mask = self._left_pad([p for p in prompts for _ in range(n)])
+    def sample(self, s: Sampling) -> Rollout:
+        input_ids, attention_mask = self._left_pad([p for p in s.prompts for _ in range(s.n)])
         # Greedy over the processor's one-hot: the processor is the sampler (module docstring).
         config = GenerationConfig(
             do_sample=False,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=s.max_new_tokens,
             eos_token_id=self.eos_ids.tolist(),
             pad_token_id=self.pad_id,
         )
         # A private RNG stream: sampling neither depends on nor advances the trainer's global RNG.
         sampler = _SampleAndRecord(
-            temperature, topk, torch.Generator(self.device).manual_seed(seed), top_p, logit_noise=self.logit_noise
+            s.temperature,
+            s.topk,
+            torch.Generator(self.device).manual_seed(s.seed),
+            s.top_p,
+            logit_noise=self.logit_noise,
         )
         # One batch decodes every sequence together: its progress is in tokens, up to max_new_tokens.
-        bar = progress_bar(progress, max_new_tokens, unit="token") if progress else None
+        bar = progress_bar(s.progress, s.max_new_tokens, unit="token") if s.progress else None
         processors = [sampler] if bar is None else [sampler, _Tick(bar)]
         try:
             with torch.no_grad():
@@ -133,8 +123,8 @@ class HFEngine:
         response_ids = sequences[:, input_ids.shape[1] :]
         logp, topk_ids, topk_logp = sampler.stacked()
         return assemble_rollout(
-            prompts,
-            n,
+            s.prompts,
+            s.n,
             response_ids.cpu(),
             mask_through_first_eos(response_ids, self.eos_ids).cpu(),
             logp.cpu(),

@@ -49,9 +49,9 @@ import torch
 from harness.precision import StateDictTransform
 from harness.rollout.base import (
     Rollout,
+    RolloutEngine,
+    Sampling,
     assemble_rollout,
-    call_seed,
-    check_generate_args,
     load_tokenizer,
     pad_ragged,
     progress_bar,
@@ -61,7 +61,7 @@ from harness.rollout.vllm_cpu_weights import CPUWeightWriter
 _MISSING = "rollout=vllm needs the vllm extra (pip install -e '.[vllm]'); use rollout=hf instead"
 
 
-class VLLMEngine:
+class VLLMEngine(RolloutEngine):
     """RolloutEngine (and ScoringEngine) on an in-process `vllm.LLM`."""
 
     def __init__(
@@ -188,35 +188,21 @@ class VLLMEngine:
             yield name, (t.detach().to(self._dtype) if t.is_floating_point() else t.detach())
 
     # --- sampling ---
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_new_tokens: int,
-        topk: int = 1,
-        temperature: float = 1.0,
-        seed: int | None = None,
-        top_p: float = 1.0,
-        progress: str | None = None,
-    ) -> Rollout:
-        check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
-        if seed is None:
-            seed = call_seed(self.seed, self._calls)
-        self._calls += 1
+    def sample(self, s: Sampling) -> Rollout:
         params = [
-            self._sampling_params(n, max_new_tokens, topk, temperature, int(s), top_p)
-            for s in np.random.SeedSequence(seed).generate_state(len(prompts))
+            self._sampling_params(s.n, s.max_new_tokens, s.topk, s.temperature, int(k), s.top_p)
+            for k in np.random.SeedSequence(s.seed).generate_state(len(s.prompts))
         ]
         # Only where it shows: vLLM divides by a disabled bar's elapsed time (0) to print its speeds.
-        bar = sample_bar(progress, len(prompts) * n) if progress and sys.stderr.isatty() else None
-        outputs = self._run(prompts, params, bar)
+        bar = sample_bar(s.progress, len(s.prompts) * s.n) if s.progress and sys.stderr.isatty() else None
+        outputs = self._run(s.prompts, params, bar)
         ids, logps, top_ids, top_logps = [], [], [], []
         for out in outputs:
             for sample in sorted(out.outputs, key=lambda s: s.index):
                 length = len(sample.token_ids)
                 flat = sample.logprobs
-                entries = np.asarray(flat.token_ids, dtype=np.int64).reshape(length, topk + 1)
-                values = np.asarray(flat.logprobs, dtype=np.float32).reshape(length, topk + 1)
+                entries = np.asarray(flat.token_ids, dtype=np.int64).reshape(length, s.topk + 1)
+                values = np.asarray(flat.logprobs, dtype=np.float32).reshape(length, s.topk + 1)
                 ids.append(np.asarray(sample.token_ids, dtype=np.int64))
                 logps.append(values[:, 0])
                 top_ids.append(entries[:, 1:])
@@ -224,8 +210,8 @@ class VLLMEngine:
         response_ids = pad_ragged(ids, self.pad_id, torch.long)
         mask = pad_ragged([np.ones(len(r), dtype=np.float32) for r in ids], 0.0, torch.float32)
         return assemble_rollout(
-            prompts,
-            n,
+            s.prompts,
+            s.n,
             response_ids,
             mask,
             pad_ragged(logps, 0.0, torch.float32),

@@ -39,6 +39,12 @@ def world_size_from_env() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
+def rank_from_env() -> int:
+    """This process's rank under torchrun (RANK), 0 otherwise: rank 0 writes the run directory."""
+    value = os.environ.get("RANK", "0").strip()
+    return int(value) if value.isdigit() else 0
+
+
 def submitit_env() -> None:
     """Inside a SLURM job with several tasks (hydra/launcher=submitit_slurm, tasks_per_node > 1): export the
     RANK / WORLD_SIZE / MASTER_ADDR variables torchrun would, from SLURM's, so `setup` sees one run."""

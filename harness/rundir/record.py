@@ -1,0 +1,62 @@
+"""A run directory's config record (`run_config.json`: the validated config a run started with) and which of its
+keys two records may differ in: the resume guard refuses a resume that differs, the findings suite reuses a run
+only when its record matches, and W&B leaves the free keys out of a run's top-level config."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+RECORD = "run_config.json"
+CHANGES = "resume_changes.jsonl"
+# Keys that change how a run is carried out or watched, not what it computes.
+FREE = (
+    "mode",
+    "name",
+    "logger",
+    "trainer.resume",
+    "trainer.resume_allow",
+    "trainer.threads",
+    "rollout.threads",
+    "trainer.eval_every",
+    "trainer.checkpoint_every",
+    "trainer.checkpoint_pause_s",
+    "trainer.samples_per_eval",
+    "trainer.tokens_per_eval",
+    "trainer.max_bad_steps",
+    "trainer.nan_at_steps",
+    "trainer.nan_logits_at_steps",
+)
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old, new)} of every key that differs, the free ones left out. A key the old config lacks whose
+    new value is off (null or empty: a switch added since, such as trainer.save_batches) is no difference: new
+    settings default to what runs did before them, so a run made before one was added is still that setting."""
+    a, b = _flat(old), _flat(new)
+    keys = sorted(set(a) | set(b))
+    return {
+        k: (a.get(k), b.get(k))
+        for k in keys
+        if _norm(a.get(k)) != _norm(b.get(k))
+        and not any(k == f or k.startswith(f"{f}.") for f in FREE)
+        and not (k not in a and _norm(b[k]) in (None, [], {}))
+    }
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value  # JSON has no tuples
+
+
+def show(value: Any) -> str:
+    return json.dumps(_norm(value), default=str)
