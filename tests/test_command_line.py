@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.loop.job import PLAN_PREFIX
 from tests.test_config import run_cli
 
@@ -50,3 +52,24 @@ def test_help_lists_groups_and_key_help_and_writes_nothing(tmp_path):
     assert "objective (dppo)" in out and "_schema" not in out
     assert "--multirun" in out  # Hydra's own flags are still listed
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv,info",
+    [
+        (["--help"], True), (["-h"], True), (["--hydra-help"], True), (["--version"], True),
+        (["--cfg", "job"], True), (["-c", "hydra", "objective=dppo"], True), (["--info"], True),
+        (["-i", "plugins"], True), (["--shell-completion", "install=bash"], True),
+        (["objective=dppo"], False), (["-m", "seed=1,2"], False), (["--multirun", "+experiment=x"], False),
+    ],
+)  # fmt: skip
+def test_hydras_flags_are_read_as_hydra_reads_them(argv, info):
+    """run.py reads Hydra's flags itself (Hydra's parser is private): an info flag means nothing may be written."""
+    from harness.cli.checks import _parse_overrides, info_requested
+
+    assert info_requested(argv) is info
+    parsed = _parse_overrides(argv)
+    assert parsed is not None
+    overrides, multirun = parsed
+    assert multirun is ("-m" in argv or "--multirun" in argv)
+    assert [o.input_line for o in overrides] == [a for a in argv if "=" in a]

@@ -14,6 +14,7 @@ from harness.config import validate
 from harness.loop.eval_only import evaluate_model, resolve_model
 from harness.loop.model_path import model_dir
 from harness.loop.train import train
+from harness.machine import check_files
 from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose
 
@@ -91,13 +92,15 @@ def test_bad_model_paths_fail_with_one_line(tmp_path, trained_run):
     (empty_run / ".hydra" / "config.yaml").write_text((trained_run / ".hydra" / "config.yaml").read_text())
     (tmp_path / "junk").mkdir()
     cases = [
-        (str(tmp_path / "nope"), ValueError, r"model.path: '.*nope' does not exist"),  # validate() catches it
+        (str(tmp_path / "nope"), ValueError, r"model.path: '.*nope' does not exist"),  # check_files catches it
         (str(tmp_path / "junk"), ValueError, r"neither a run directory .* nor a model folder"),
         (str(empty_run), FileNotFoundError, r"has no checkpoint under checkpoints/"),
     ]
     for path, exc, message in cases:
         with pytest.raises(exc, match=message) as err:
-            resolve_model(validate(compose(*EVAL, f"model.path={path}")))
+            cfg = validate(compose(*EVAL, f"model.path={path}"))
+            check_files(cfg)
+            resolve_model(cfg)
         assert "\n" not in str(err.value)
 
 

@@ -310,9 +310,12 @@ def _check_reward(run: RunConfig) -> None:
 
 
 def _check_data(run: RunConfig) -> None:
+    from harness.tasks import benchmark_sources
+
     b = run.benchmark
     if b.name == "arith" and b.path is not None:
         raise ValueError(f"benchmark.path: benchmark=arith is generated from data's arith config; got {b.path!r}")
+    benchmark_sources(b)  # the right number of sources for the benchmark; the files are read by harness.machine
     if not run.data.levels or any(not 1 <= level <= 5 for level in run.data.levels):
         raise ValueError(f"data.levels: MATH levels are 1..5, got {list(run.data.levels)}")
     if run.reward.fallback_pattern is not None:
