@@ -17,11 +17,12 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.figures import EVAL_FIGURES, METRIC_FIGURES, PAPER_SIGMA, SkipFigure, save_figure
+from analysis.figures import EVAL_FIGURES, METRIC_FIGURES, PAPER_SIGMA, SkipFigure, draw, save_figure
 from analysis.geometry import TOKEN_FIGURES, TOKENS_FILE, load_tokens, write_analytic_figures
 from analysis.load import ALIASES, DEFAULT_ROOTS, RunSet, load_runs
 from analysis.stats import arm_columns
@@ -44,11 +45,11 @@ def build_experiment(
 ) -> tuple[list[Path], pd.DataFrame | None]:
     """All figures and tables of one experiment's runs into `out_dir`; returns the files and the main table."""
     written: list[Path] = []
-    jobs = [(stem, fn, rs.metrics, {"smooth": smooth, "sigma": sigma}) for stem, fn in METRIC_FIGURES.items()]
+    jobs = [(stem, partial(draw, stem), rs.metrics, {"smooth": smooth, "sigma": sigma}) for stem in METRIC_FIGURES]
     jobs += [(stem, fn, rs.evals, {}) for stem, fn in EVAL_FIGURES.items()]
     for stem, fn, df, kw in jobs:
         if df.empty:
-            print(f"skip {name}/{stem}: no {'eval.jsonl' if fn in EVAL_FIGURES.values() else 'metrics.jsonl'} rows")
+            print(f"skip {name}/{stem}: no {'eval.jsonl' if stem in EVAL_FIGURES else 'metrics.jsonl'} rows")
             continue
         try:
             fig = fn(df, title=name, **kw)

@@ -1,4 +1,9 @@
-"""Pure DataFrame -> matplotlib Figure functions, one per kind of figure the two papers show.
+"""Pure DataFrame -> matplotlib Figure drawing, one figure per kind the two papers show.
+
+The training curves are one table, METRIC_FIGURES (figure stem -> the metric columns of its panels), drawn by one
+function, `draw(stem, metrics)`. The rest are functions of their own: the eval curves take their panels from the
+data (one per benchmark, or per AIME kind), and final scores, the delta sweep and the findings suite's arm
+intervals are no curves over steps.
 
 Every curve is the mean over seeds of one arm (objective, and whatever else the experiment varies) with a 95%
 Student-t band; an arm with one seed gets no band. The legend gives each arm's number of seeds. When precision
@@ -6,15 +11,15 @@ varies next to something else, each precision gets its own column of panels (DRP
 
 Training curves can be drawn as the papers' Figs 13-17 draw them: each run Gaussian-smoothed over steps
 (`sigma`, the papers' sigma = 2; `scipy.ndimage.gaussian_filter1d`, reflected at the ends), the mean and band of
-the smoothed runs drawn over the faded raw mean. `python -m analysis` does so by default; the functions draw the
-raw values unless given `sigma`.
+the smoothed runs drawn over the faded raw mean. `python -m analysis` does so by default; `draw` draws the raw
+values unless given `sigma`.
 
 Quantities that span orders of magnitude (mismatch, KL, max ratio) get a log axis; there a band reaching below
 zero is cut at half the smallest value. Policy entropy is always on a log axis (P-DPPO Fig. 7). Eval scores of an
 AIME-style benchmark that logs `acc/<kind>` get one panel per kind (AIME24, AIME25), as P-DPPO reports them;
 other benchmarks (arith) keep one avg@k panel each.
 
-A function whose columns are absent raises SkipFigure with a one-line reason; it never draws an empty figure.
+A figure whose columns are absent raises SkipFigure with a one-line reason; none is ever drawn empty.
 Figures are built without pyplot (no global state, nothing to close) and render with the Agg canvas.
 """
 
@@ -52,7 +57,7 @@ class Panel:
 
     `logy`: a log axis when the values span orders of magnitude; `yscale` forces a scale instead ("log" needs every
     value > 0 and falls back to linear otherwise). `second`: another column drawn dashed in the same arm colours
-    (the min beside the max, A < 0 beside A > 0). `title` heads the panel.
+    (the min beside the max, A < 0 beside A > 0). `title` heads the panel; `hline` draws a reference line there.
     """
 
     data: pd.DataFrame
@@ -62,6 +67,7 @@ class Panel:
     title: str = ""
     yscale: str | None = None
     second: str | None = None
+    hline: float | None = None
 
     @property
     def columns(self) -> list[str]:
@@ -71,7 +77,114 @@ class Panel:
 # --- training curves (metrics.jsonl: one row per run and step) ------------------------------------------------
 
 
-def fig_reward_curves(
+@dataclass(frozen=True)
+class PanelSpec:
+    """One panel of a training-curve figure, before it meets the data (`Panel` is the same, bound to a frame).
+
+    With `second`, the panel draws `column` solid and `second` dashed, or whichever of the two has values; the
+    ylabel gets `sides[0]` when both do, `sides[1]` when only `column` does, `sides[2]` when only `second` does.
+    An `optional` panel is drawn beside the others but cannot carry the figure alone: the figure is skipped unless
+    a panel that is not optional has values; the skip reason then names their columns (as `named`, where given).
+    `hline`: a reference line at that y (zero mismatch, say).
+    """
+
+    column: str
+    ylabel: str
+    logy: bool = False
+    title: str = ""
+    yscale: str | None = None
+    second: str | None = None
+    sides: tuple[str, str, str] = ("", "", "")
+    optional: bool = False
+    named: str = ""
+    hline: float | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.column] + ([self.second] if self.second else [])
+
+    def bind(self, df: pd.DataFrame) -> Panel | None:
+        """This panel over `df`'s columns that have values; None when neither has any."""
+        first, second = (c if _has_values(df, c) else None for c in (self.column, self.second))
+        if not (first or second):
+            return None
+        side = self.sides[0 if first and second else 1 if first else 2]
+        return Panel(df, first or second, self.ylabel + side, self.logy, self.title, self.yscale,
+                     second if first else None, self.hline)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """A training-curve figure: its panels in order, headed `title`."""
+
+    title: str
+    panels: tuple[PanelSpec, ...]
+
+
+def _signed(key: str, ylabel: str, title: str, *, optional: bool = False) -> PanelSpec:
+    """`<key>_pos` solid with `<key>_neg` dashed: a diagnostic logged apart for A > 0 and A < 0."""
+    sides = ("\n(A > 0 solid, A < 0 dashed)", "\n(A > 0)", "\n(A < 0)")
+    return PanelSpec(f"{key}_pos", ylabel, title=title, second=f"{key}_neg", sides=sides, optional=optional,
+                     named=f"{key}_pos|neg")  # fmt: skip
+
+
+# Figure file stem -> its panels, each drawn by `draw` from `metrics`. The paper figure each follows is noted.
+METRIC_FIGURES: dict[str, FigureSpec] = {
+    # P-DPPO Fig. 3 left, Figs 5-7 top; DRPO's training reward.
+    "reward_curves": FigureSpec("training reward", (PanelSpec("reward/mean", "training reward (mean over samples)"),)),
+    # P-DPPO Fig. 3 right, Fig. 4; measured before each step's first update, so it is the engine-vs-trainer gap alone.
+    "mismatch": FigureSpec("training-inference mismatch", (
+        PanelSpec("mismatch/k3", "mismatch k3 KL(μ‖π) per token", logy=True),
+        PanelSpec("mismatch/abs_prob_diff_mean", "mismatch mean |π − μ|", logy=True),
+    )),
+    # P-DPPO Fig. 5: tokens pushed down (A < 0) although pi already sits far below mu.
+    "bad_updates": FigureSpec("bad updates",
+                              (PanelSpec("mismatch/bad_update_frac", "bad updates (fraction of tokens)"),)),
+    # P-DPPO Fig. 7 draws entropy on a log axis: its collapse under Relax-low shows as orders of magnitude.
+    "entropy": FigureSpec("policy entropy",
+                          (PanelSpec("rollout/entropy", "policy entropy (nats / token, log)", yscale="log"),)),
+    "response_length": FigureSpec("response length",
+                                  (PanelSpec("rollout/response_len_mean", "response length (tokens)"),)),
+    # Tokens (A != 0) whose gradient the trust region dropped or clipped.
+    "masked_frac": FigureSpec("trust-region masking", (
+        PanelSpec("objective/masked_frac_pos", "masked / clipped fraction, A > 0"),
+        PanelSpec("objective/masked_frac_neg", "masked / clipped fraction, A < 0"),
+    )),
+    "policy_drift": FigureSpec("policy drift within a step", (
+        PanelSpec("objective/approx_kl_k3", "k3 KL(μ‖π) at the update", logy=True),
+        PanelSpec("objective/ratio_max", "max ratio π/μ", logy=True),
+    )),
+    # SPO/DRPO/penalty weight w in c = A r w.
+    "drpo_weights": FigureSpec("regulariser weights", (
+        PanelSpec("objective/neg_weight_frac", "fraction with w < 0 (corrective)"),
+        PanelSpec("objective/weight_gt1_frac", "fraction with w > 1 (amplified)"),
+    )),
+    # P-DPPO Fig. 3: max and min of mu - pi over the step's tokens before its first update. Linear, since the values
+    # lie in [-1, 1] and a collapse shows as a jump toward +-1; without them the mismatch figure already has the mean.
+    "mismatch_range": FigureSpec("mismatch range (Fig. 3)", (
+        PanelSpec("mismatch/abs_prob_diff_mean", "mean |μ − π|", logy=True, title="mean |μ − π|", optional=True),
+        PanelSpec("mismatch/mu_minus_pi_max", "μ − π: ", yscale="linear", title="max and min of μ − π",
+                  second="mismatch/mu_minus_pi_min", sides=("max (solid), min (dashed)", "max", "min"), hline=0.0),
+    )),
+    # P-DPPO Fig. 6: mu and entropy of the tokens the trust region masked or clipped (gradient weight exactly 0).
+    # A step that clipped nothing has no mu or entropy (NaN) and is left out of the mean.
+    "clipped_token_curves": FigureSpec("clipped tokens (Fig. 6)", (
+        PanelSpec("reward/mean", "training reward", title="reward", optional=True),
+        _signed("objective/clipped_mu_mean", "rollout probability μ of clipped tokens", "μ of clipped tokens"),
+        _signed("objective/clipped_entropy_mean", "entropy of clipped tokens (nats)", "entropy of clipped tokens"),
+        _signed("objective/clipped_frac", "clipped fraction of tokens", "clipped fraction", optional=True),
+    )),
+    # P-DPPO Fig. 12: top-K mass of mu (Top-K runs only), and the low-probability tokens ratio clipping
+    # over-constrains (§4).
+    "rollout_probability": FigureSpec("rollout probability (Fig. 12)", (
+        PanelSpec("rollout/topk_mass", "top-K probability mass of μ"),
+        PanelSpec("rollout/low_prob_frac", "share of sampled tokens with μ ≤ 0.01"),
+    )),
+}  # fmt: skip
+
+
+def draw(
+    name: str,
     metrics: pd.DataFrame,
     *,
     arms: Sequence[str] | None = None,
@@ -80,205 +193,14 @@ def fig_reward_curves(
     sigma: float = 0.0,
     title: str = "",
 ) -> Figure:
-    """Training reward vs step (P-DPPO Fig. 3 left, Fig. 5-7 top; DRPO training reward)."""
-    panels = _metric_panels(metrics, [("reward/mean", "training reward (mean over samples)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "training reward"))
-
-
-def fig_mismatch(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """Training-inference mismatch vs step (P-DPPO Fig. 3 right, Fig. 4): k3 KL(mu||pi) and mean |pi - mu|,
-    measured before each step's first update, so it is the engine-vs-trainer gap alone."""
-    specs = [
-        ("mismatch/k3", "mismatch k3 KL(μ‖π) per token", True),
-        ("mismatch/abs_prob_diff_mean", "mismatch mean |π − μ|", True),
-    ]
-    panels = _metric_panels(metrics, specs)
-    return _curves(
-        panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "training-inference mismatch")
-    )
-
-
-def fig_bad_updates(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """Fraction of tokens pushed down (A < 0) although pi already sits far below mu (P-DPPO Fig. 5)."""
-    panels = _metric_panels(metrics, [("mismatch/bad_update_frac", "bad updates (fraction of tokens)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "bad updates"))
-
-
-def fig_entropy(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """Policy entropy over response tokens vs step, on a log axis as P-DPPO Fig. 7 draws it (entropy collapse
-    under Relax-low shows as orders of magnitude)."""
-    panels = _metric_panels(metrics, [("rollout/entropy", "policy entropy (nats / token, log)", False)])
-    panels = [Panel(p.data, p.column, p.ylabel, yscale="log") for p in panels]
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "policy entropy"))
-
-
-def fig_response_length(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """Mean response length of the training rollouts vs step (DRPO's length curves)."""
-    panels = _metric_panels(metrics, [("rollout/response_len_mean", "response length (tokens)", False)])
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "response length"))
-
-
-def fig_masked_frac(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """Share of tokens (A != 0) whose gradient the trust region dropped or clipped, split by sign(A)."""
-    specs = [
-        ("objective/masked_frac_pos", "masked / clipped fraction, A > 0", False),
-        ("objective/masked_frac_neg", "masked / clipped fraction, A < 0", False),
-    ]
-    panels = _metric_panels(metrics, specs)
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "trust-region masking"))
-
-
-def fig_policy_drift(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """How far the updates move pi from mu within a step: k3 KL at the update and the largest ratio pi/mu."""
-    specs = [
-        ("objective/approx_kl_k3", "k3 KL(μ‖π) at the update", True),
-        ("objective/ratio_max", "max ratio π/μ", True),
-    ]
-    panels = _metric_panels(metrics, specs)
-    return _curves(
-        panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "policy drift within a step")
-    )
-
-
-def fig_drpo_weights(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """SPO/DRPO/penalty weight w in c = A r w: tokens corrected (w < 0) and amplified (w > 1)."""
-    specs = [
-        ("objective/neg_weight_frac", "fraction with w < 0 (corrective)", False),
-        ("objective/weight_gt1_frac", "fraction with w > 1 (amplified)", False),
-    ]
-    panels = _metric_panels(metrics, specs)
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "regulariser weights"))
-
-
-def fig_mismatch_range(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """P-DPPO Fig. 3's mismatch panels: mean |mu - pi| beside the signed max (solid) and min (dashed) of mu - pi
-    over the step's response tokens, before its first update. The max/min panel is linear (the values lie in
-    [-1, 1], and a collapse shows as a jump toward +-1); a zero line marks no mismatch."""
-    extremes = "mismatch/mu_minus_pi_max", "mismatch/mu_minus_pi_min"
-    if not any(c in metrics.columns and metrics[c].notna().any() for c in extremes):
-        raise SkipFigure(f"no values for {' / '.join(extremes)}")
-    panels = []
-    if "mismatch/abs_prob_diff_mean" in metrics.columns and metrics["mismatch/abs_prob_diff_mean"].notna().any():
-        panels.append(Panel(metrics, "mismatch/abs_prob_diff_mean", "mean |μ − π|", logy=True, title="mean |μ − π|"))
-    hi, lo = (c if c in metrics.columns and metrics[c].notna().any() else None for c in extremes)
-    ylabel = "μ − π: " + ("max (solid), min (dashed)" if hi and lo else ("max" if hi else "min"))
-    panels.append(
-        Panel(metrics, hi or lo, ylabel, yscale="linear", title="max and min of μ − π", second=lo if hi else None)
-    )
-    fig = _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "mismatch range (Fig. 3)"))
-    fig.axes[-1].axhline(0.0, color="black", linewidth=0.6)
-    return fig
-
-
-def fig_clipped_tokens(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """P-DPPO Fig. 6: reward, and the rollout probability mu and policy entropy of the tokens the trust region
-    masked or clipped (gradient weight exactly 0), A > 0 solid, A < 0 dashed; then the clipped fraction. A step
-    that clipped nothing has no mu or entropy to show (NaN) and is left out of the mean."""
-    by_sign = [
-        ("objective/clipped_mu_mean", "rollout probability μ of clipped tokens", "μ of clipped tokens"),
-        ("objective/clipped_entropy_mean", "entropy of clipped tokens (nats)", "entropy of clipped tokens"),
-    ]
-    panels = _signed_panels(metrics, by_sign)
-    if not panels:
-        keys = " / ".join(f"{k}_pos|neg" for k, _, _ in by_sign)
-        raise SkipFigure(f"no values for {keys}")
-    reward = _metric_panels(metrics, [("reward/mean", "training reward", False)]) if "reward/mean" in metrics else []
-    frac = _signed_panels(metrics, [("objective/clipped_frac", "clipped fraction of tokens", "clipped fraction")])
-    panels = [Panel(p.data, p.column, p.ylabel, title="reward") for p in reward] + panels + frac
-    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "clipped tokens (Fig. 6)"))
-
-
-def fig_rollout_probability(
-    metrics: pd.DataFrame,
-    *,
-    arms: Sequence[str] | None = None,
-    x: str = "step",
-    smooth: int = 1,
-    sigma: float = 0.0,
-    title: str = "",
-) -> Figure:
-    """P-DPPO Fig. 12: the mean top-K probability mass of mu (Top-K runs only), and the share of sampled tokens
-    with mu <= 0.01 (the low-probability tokens ratio clipping over-constrains, §4)."""
-    specs = [
-        ("rollout/topk_mass", "top-K probability mass of μ", False),
-        ("rollout/low_prob_frac", "share of sampled tokens with μ ≤ 0.01", False),
-    ]
-    panels = _metric_panels(metrics, specs)
-    return _curves(
-        panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, "rollout probability (Fig. 12)")
-    )
+    """The training-curve figure `name` of METRIC_FIGURES over `metrics`: the panels with values, in order."""
+    spec = METRIC_FIGURES[name]
+    required = [p.named or " / ".join(p.columns) for p in spec.panels if not p.optional]
+    bound = [(p.optional, panel) for p in spec.panels if (panel := p.bind(metrics))]
+    if all(optional for optional, _ in bound):
+        raise SkipFigure(f"no values for {' / '.join(required)}")
+    panels = [panel for _, panel in bound]
+    return _curves(panels, arms=arms, x=x, smooth=smooth, sigma=sigma, title=_title(title, spec.title))
 
 
 # --- evaluation (eval.jsonl: one row per run and evaluation) -------------------------------------------------
@@ -409,22 +331,7 @@ def fig_delta_sweep(
     return fig
 
 
-# --- the registry the driver walks ----------------------------------------------------------------------------
-
-# Figure file stem -> function; the first group reads `metrics` (and takes smooth= and sigma=), the second `evals`.
-METRIC_FIGURES: dict[str, Callable[..., Figure]] = {
-    "reward_curves": fig_reward_curves,
-    "mismatch": fig_mismatch,
-    "bad_updates": fig_bad_updates,
-    "entropy": fig_entropy,
-    "response_length": fig_response_length,
-    "masked_frac": fig_masked_frac,
-    "policy_drift": fig_policy_drift,
-    "drpo_weights": fig_drpo_weights,
-    "mismatch_range": fig_mismatch_range,
-    "clipped_token_curves": fig_clipped_tokens,
-    "rollout_probability": fig_rollout_probability,
-}
+# Figure file stem -> function drawing it from `evals`; the training curves are METRIC_FIGURES, drawn by `draw`.
 EVAL_FIGURES: dict[str, Callable[..., Figure]] = {
     "eval_curves": fig_eval_curves,
     "final_scores": fig_final_scores,
@@ -464,23 +371,8 @@ def _colors(labels: Sequence[str]) -> dict[str, tuple[float, ...]]:
     return {lab: cmap(i % cmap.N) for i, lab in enumerate(sorted(labels))}
 
 
-def _metric_panels(df: pd.DataFrame, specs: list[tuple[str, str, bool]]) -> list[Panel]:
-    panels = [Panel(df, col, label, logy) for col, label, logy in specs if col in df.columns and df[col].notna().any()]
-    if not panels:
-        raise SkipFigure(f"no values for {' / '.join(col for col, _, _ in specs)}")
-    return panels
-
-
-def _signed_panels(df: pd.DataFrame, specs: list[tuple[str, str, str]]) -> list[Panel]:
-    """`<key>_pos` solid with `<key>_neg` dashed in one panel, for each (key, ylabel, title) with values."""
-    panels = []
-    for key, ylabel, title in specs:
-        pos, neg = (f"{key}_{s}" if f"{key}_{s}" in df.columns and df[f"{key}_{s}"].notna().any() else None
-                    for s in ("pos", "neg"))  # fmt: skip
-        if pos or neg:
-            sides = "A > 0 solid, A < 0 dashed" if pos and neg else ("A > 0" if pos else "A < 0")
-            panels.append(Panel(df, pos or neg, f"{ylabel}\n({sides})", title=title, second=neg if pos else None))
-    return panels
+def _has_values(df: pd.DataFrame, column: str | None) -> bool:
+    return column is not None and column in df.columns and bool(df[column].notna().any())
 
 
 def _score(evals: pd.DataFrame, score: str | None) -> str:
@@ -570,6 +462,8 @@ def _curves(
             ax.set_title(", ".join(heads))
         if top and ax.get_lines():
             ax.legend(fontsize=7, framealpha=0.8)
+        if panel.hline is not None:  # after the legend test: the line alone is no reason for a legend
+            ax.axhline(panel.hline, color="black", linewidth=0.6)
     if drawn == 0:
         raise SkipFigure(f"no values for {' / '.join(p.column for p in panels)}")
     note = "mean over seeds ± 95% CI (Student t)"

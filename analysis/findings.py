@@ -160,23 +160,16 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}g}"
 
 
-def figure_function(kind: str) -> Callable[..., Any]:
-    """A suite.yaml figure kind -> the analysis.figures function that draws it (short names, or any stem of
-    figures.METRIC_FIGURES). An unknown kind is an error, not a claim left without its figure."""
+def figure_name(kind: str) -> str:
+    """A suite.yaml figure kind (a short name, or any stem of figures.METRIC_FIGURES) -> the stem `figures.draw`
+    takes. An unknown kind is an error, not a claim left without its figure."""
     from analysis import figures
 
-    short = {
-        "reward": figures.fig_reward_curves,
-        "mismatch": figures.fig_mismatch,
-        "entropy": figures.fig_entropy,
-        "masked": figures.fig_masked_frac,
-        "bad_updates": figures.fig_bad_updates,
-        "weights": figures.fig_drpo_weights,
-    }
-    fn = short.get(kind) or figures.METRIC_FIGURES.get(kind)
-    if fn is None:
+    short = {"reward": "reward_curves", "masked": "masked_frac", "weights": "drpo_weights"}
+    name = short.get(kind, kind)
+    if name not in figures.METRIC_FIGURES:
         raise ValueError(f"unknown figure kind {kind!r}; allowed: {', '.join([*short, *figures.METRIC_FIGURES])}")
-    return fn
+    return name
 
 
 def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataFrame, out_dir: Path) -> list[str]:
@@ -190,9 +183,8 @@ def claim_figures(claim: dict[str, Any], curves: pd.DataFrame, per_run: pd.DataF
     sub["objective.name"] = sub["arm"]  # figures label arms by this column, bare
     written = []
     for kind in claim.get("figures", ["reward"]):
-        fn = figure_function(kind)
         try:
-            fig = fn(sub, arms=["objective.name"], title=f"claim {claim['id']}")
+            fig = figures.draw(figure_name(kind), sub, arms=["objective.name"], title=f"claim {claim['id']}")
         except figures.SkipFigure:
             continue
         paths = figures.save_figure(fig, out_dir / "figures", f"claim{claim['id']}_{kind}")

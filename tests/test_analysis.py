@@ -28,17 +28,12 @@ from scipy.ndimage import gaussian_filter1d
 
 from analysis.__main__ import main
 from analysis.figures import (
+    METRIC_FIGURES,
     SkipFigure,
-    fig_clipped_tokens,
+    draw,
     fig_delta_sweep,
-    fig_drpo_weights,
-    fig_entropy,
     fig_eval_curves,
     fig_final_scores,
-    fig_mismatch,
-    fig_mismatch_range,
-    fig_reward_curves,
-    fig_rollout_probability,
     save_figure,
 )
 from analysis.load import find_run_dirs, load, load_runs, parse_wandb_source, runset_from_wandb, split_wandb_history
@@ -207,7 +202,7 @@ def test_arm_columns(roots: tuple[Path, Path]) -> None:
 
 def test_reward_curves_one_line_per_objective(roots: tuple[Path, Path], tmp_path: Path) -> None:
     metrics = load_runs(roots).experiment("exp_a").metrics
-    fig = fig_reward_curves(metrics, title="exp_a")
+    fig = draw("reward_curves", metrics, title="exp_a")
     (ax,) = fig.axes
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert sorted(lines) == ["dppo (n=3)", "grpo (n=3)"]
@@ -223,7 +218,7 @@ def test_reward_curves_one_line_per_objective(roots: tuple[Path, Path], tmp_path
 def test_precision_gets_its_own_panels(roots: tuple[Path, Path]) -> None:
     metrics = load_runs(roots).experiment("exp_a").metrics
     bf16 = metrics.assign(run=metrics["run"] + "-bf16", **{"precision.name": "bf16"})
-    fig = fig_reward_curves(pd.concat([metrics, bf16], ignore_index=True))
+    fig = draw("reward_curves", pd.concat([metrics, bf16], ignore_index=True))
     assert [ax.get_title() for ax in fig.axes] == ["precision = bf16", "precision = fp32"]
     assert [len(ax.get_lines()) for ax in fig.axes] == [2, 2]
 
@@ -231,9 +226,9 @@ def test_precision_gets_its_own_panels(roots: tuple[Path, Path]) -> None:
 def test_missing_columns_skip_with_a_reason(roots: tuple[Path, Path]) -> None:
     rs = load_runs(roots).experiment("exp_a")
     with pytest.raises(SkipFigure, match="objective/neg_weight_frac"):
-        fig_drpo_weights(rs.metrics)
+        draw("drpo_weights", rs.metrics)
     # abs_prob_diff_mean is all null: the mismatch figure keeps only its k3 panel.
-    assert len(fig_mismatch(rs.metrics).axes) == 1
+    assert len(draw("mismatch", rs.metrics).axes) == 1
     with pytest.raises(SkipFigure, match="no arm has more than one objective.delta"):
         fig_delta_sweep(rs.evals)
 
@@ -463,7 +458,7 @@ def test_torn_last_line_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptur
         f"{run_dir / 'metrics.jsonl'}: skipped a torn last line (run still writing, or it crashed)"
     ]
     assert rs.metrics["step"].tolist() == [1, 2, 3] and rs.failed.empty
-    (line,) = fig_reward_curves(rs.metrics).axes[0].get_lines()
+    (line,) = draw("reward_curves", rs.metrics).axes[0].get_lines()
     assert line.get_ydata() == pytest.approx([0.1, 0.2, 0.3])
 
 
@@ -473,7 +468,7 @@ def test_missing_summary_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptu
         rs = load_runs([tmp_path / "outputs"])
     assert any(r.getMessage().startswith(f"{run_dir / 'summary.json'} missing") for r in caplog.records)
     assert rs.summaries["status"].tolist() == ["missing"] and rs.failed.empty
-    assert len(fig_reward_curves(rs.metrics).axes[0].get_lines()) == 1
+    assert len(draw("reward_curves", rs.metrics).axes[0].get_lines()) == 1
     table = experiment_table(rs.metrics, rs.evals)
     assert table["final_mean"].tolist() == [0.5]
 
@@ -493,7 +488,7 @@ def test_older_config_warns_and_plots(tmp_path: Path, caplog: pytest.LogCaptureF
     assert rs.experiments == ["old_exp"]
     m = rs.metrics
     assert m["objective.name"].eq("grpo").all() and m["objective"].eq("grpo").all() and m["precision.name"].isna().all()
-    (line,) = fig_reward_curves(m).axes[0].get_lines()
+    (line,) = draw("reward_curves", m).axes[0].get_lines()
     assert line.get_label() == "grpo (n=1)"
     assert experiment_table(m, rs.evals)["final_mean"].tolist() == [0.5]
 
@@ -552,7 +547,7 @@ def test_aime24_and_aime25_get_their_own_panels() -> None:
 def test_gaussian_smoothing_is_drawn_over_the_faded_raw_curve() -> None:
     raw = [0.0, 1.0, 0.2, 0.9, 0.1, 0.8, 0.5, 0.4, 1.0, 0.0]
     metrics = _frame({("dppo", 0): {"reward/mean": raw}}, list(range(1, 11)))
-    (ax,) = fig_reward_curves(metrics, sigma=2).axes
+    (ax,) = draw("reward_curves", metrics, sigma=2).axes
     faded, smoothed = ax.get_lines()
     assert faded.get_alpha() < 0.5 and faded.get_label().startswith("_")
     assert list(faded.get_ydata()) == pytest.approx(raw)
@@ -561,23 +556,23 @@ def test_gaussian_smoothing_is_drawn_over_the_faded_raw_curve() -> None:
     # Two seeds: each run is smoothed, then averaged (the filter is linear, so = the smoothed mean).
     other = [1.0 - v for v in raw]
     two = _frame({("dppo", 0): {"reward/mean": raw}, ("dppo", 1): {"reward/mean": other}}, list(range(1, 11)))
-    (ax,) = fig_reward_curves(two, sigma=2).axes
+    (ax,) = draw("reward_curves", two, sigma=2).axes
     mean = (np.array(raw) + np.array(other)) / 2
     assert _lines(ax)["dppo (n=2)"].get_ydata() == pytest.approx(gaussian_filter1d(mean, 2.0))
     # sigma = 0 (the function default) draws the raw mean alone.
-    (ax,) = fig_reward_curves(metrics).axes
+    (ax,) = draw("reward_curves", metrics).axes
     assert [list(line.get_ydata()) for line in ax.get_lines()] == [pytest.approx(raw)]
     with pytest.raises(ValueError, match="either a rolling mean or sigma"):
-        fig_reward_curves(metrics, smooth=3, sigma=2)
+        draw("reward_curves", metrics, smooth=3, sigma=2)
 
 
 def test_entropy_is_on_a_log_axis() -> None:
     # Values within a factor of 2: the span rule alone would keep a linear axis; Fig. 7's entropy is always log.
     metrics = _frame({("grpo", 0): {"rollout/entropy": [0.8, 0.6, 0.5, 0.4]}}, [1, 2, 3, 4])
-    (ax,) = fig_entropy(metrics).axes
+    (ax,) = draw("entropy", metrics).axes
     assert ax.get_yscale() == "log"
     with pytest.raises(SkipFigure, match="rollout/entropy"):
-        fig_entropy(metrics.drop(columns="rollout/entropy"))
+        draw("entropy", metrics.drop(columns="rollout/entropy"))
 
 
 def test_mismatch_range_panel_beside_the_mean() -> None:
@@ -591,7 +586,7 @@ def test_mismatch_range_panel_beside_the_mean() -> None:
         for obj in ("pg_is", "dppo")
         for seed in (0, 1)
     }
-    fig = fig_mismatch_range(_frame(runs, steps))
+    fig = draw("mismatch_range", _frame(runs, steps))
     assert [ax.get_title() for ax in fig.axes] == ["mean |μ − π|", "max and min of μ − π"]
     ax = fig.axes[1]
     assert ax.get_yscale() == "linear"
@@ -605,7 +600,7 @@ def test_mismatch_range_panel_beside_the_mean() -> None:
     only_mean = _frame({k: {"mismatch/abs_prob_diff_mean": v["mismatch/abs_prob_diff_mean"]} for k, v in runs.items()},
                        steps)  # fmt: skip
     with pytest.raises(SkipFigure, match="mismatch/mu_minus_pi_max"):
-        fig_mismatch_range(only_mean)
+        draw("mismatch_range", only_mean)
 
 
 def test_clipped_token_panels_by_sign() -> None:
@@ -625,7 +620,7 @@ def test_clipped_token_panels_by_sign() -> None:
         for seed in (0, 1)
     }
     metrics = _frame(runs, steps)
-    fig = fig_clipped_tokens(metrics)
+    fig = draw("clipped_token_curves", metrics)
     titles = ["reward", "μ of clipped tokens", "entropy of clipped tokens", "clipped fraction"]
     assert [ax.get_title() for ax in fig.axes] == titles
     mu = fig.axes[1]
@@ -636,20 +631,57 @@ def test_clipped_token_panels_by_sign() -> None:
     assert "A > 0 solid, A < 0 dashed" in mu.get_ylabel()
     clipped_keys = [c for c in metrics.columns if "clipped_mu" in c or "clipped_entropy" in c]
     with pytest.raises(SkipFigure, match="objective/clipped_mu_mean_pos"):
-        fig_clipped_tokens(metrics.drop(columns=clipped_keys))
+        draw("clipped_token_curves", metrics.drop(columns=clipped_keys))
 
 
 def test_rollout_probability_figure() -> None:
     steps = [1, 2]
     values = {"rollout/topk_mass": [0.994, 0.999], "rollout/low_prob_frac": [0.03, 0.02]}
     metrics = _frame({("dppo_topk_tv", 0): values}, steps)
-    fig = fig_rollout_probability(metrics)
+    fig = draw("rollout_probability", metrics)
     assert len(fig.axes) == 2
     assert _lines(fig.axes[0])["dppo_topk_tv (n=1)"].get_ydata() == pytest.approx([0.994, 0.999])
     # A run without Top-K logs no topk_mass: the low-probability panel alone.
-    assert len(fig_rollout_probability(metrics.drop(columns="rollout/topk_mass")).axes) == 1
+    assert len(draw("rollout_probability", metrics.drop(columns="rollout/topk_mass")).axes) == 1
     with pytest.raises(SkipFigure, match="rollout/topk_mass / rollout/low_prob_frac"):
-        fig_rollout_probability(metrics.drop(columns=["rollout/topk_mass", "rollout/low_prob_frac"]))
+        draw("rollout_probability", metrics.drop(columns=["rollout/topk_mass", "rollout/low_prob_frac"]))
+
+
+# The columns each training-curve figure draws, panel by panel (solid, then dashed), written out apart from
+# METRIC_FIGURES so that a wrong column there shows.
+DRAWN_COLUMNS = {
+    "reward_curves": [["reward/mean"]],
+    "mismatch": [["mismatch/k3"], ["mismatch/abs_prob_diff_mean"]],
+    "bad_updates": [["mismatch/bad_update_frac"]],
+    "entropy": [["rollout/entropy"]],
+    "response_length": [["rollout/response_len_mean"]],
+    "masked_frac": [["objective/masked_frac_pos"], ["objective/masked_frac_neg"]],
+    "policy_drift": [["objective/approx_kl_k3"], ["objective/ratio_max"]],
+    "drpo_weights": [["objective/neg_weight_frac"], ["objective/weight_gt1_frac"]],
+    "mismatch_range": [["mismatch/abs_prob_diff_mean"], ["mismatch/mu_minus_pi_max", "mismatch/mu_minus_pi_min"]],
+    "clipped_token_curves": [["reward/mean"]] + [[f"objective/clipped_{k}_{s}" for s in ("pos", "neg")]
+                                                 for k in ("mu_mean", "entropy_mean", "frac")],
+    "rollout_probability": [["rollout/topk_mass"], ["rollout/low_prob_frac"]],
+}  # fmt: skip
+
+
+def test_every_metric_figure_draws_the_columns_it_names() -> None:
+    # Each column gets values of its own, so a panel that drew another column (or swapped a pair) shows.
+    columns = sorted({c for panels in DRAWN_COLUMNS.values() for panel in panels for c in panel})
+    steps = [1, 2, 3]
+    runs = {("grpo", seed): {c: [i + 1 + 0.1 * k + 0.01 * seed for k in steps] for i, c in enumerate(columns)}
+            for seed in (0, 1)}  # fmt: skip
+    metrics = _frame(runs, steps)
+    assert set(METRIC_FIGURES) == set(DRAWN_COLUMNS)
+    for stem, panels in DRAWN_COLUMNS.items():
+        fig = draw(stem, metrics)
+        assert len(fig.axes) == len(panels), stem
+        for ax, panel in zip(fig.axes, panels, strict=True):
+            lines = ax.get_lines()[: len(panel)]  # a reference line (hline) comes after the curves
+            assert [line.get_linestyle() for line in lines] == ["-", "--"][: len(panel)], stem
+            for line, column in zip(lines, panel, strict=True):
+                mean = metrics.groupby("step")[column].mean().to_numpy()
+                assert line.get_ydata() == pytest.approx(mean), (stem, column)
 
 
 def _write_clipped(run_dir: Path, rows: list[tuple]) -> None:

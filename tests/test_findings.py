@@ -311,19 +311,20 @@ def test_metrics_read_keys_logged_as_null_on_some_steps():
     assert math.isnan(METRICS["clipped_mu"][0](nulls, e))
 
 
-def test_every_figure_kind_the_suite_names_is_drawn_by_a_function():
-    """claim 3 names clipped_token_curves (Fig. 6); a kind no function draws used to be skipped in silence."""
+def test_every_figure_kind_the_suite_names_is_a_figure():
+    """claim 3 names clipped_token_curves (Fig. 6); a kind no figure draws used to be skipped in silence."""
     import yaml
 
-    from analysis.figures import fig_clipped_tokens
-    from analysis.findings import figure_function
+    from analysis.figures import METRIC_FIGURES
+    from analysis.findings import figure_name
 
     suite = yaml.safe_load((Path(__file__).parents[1] / "findings" / "suite.yaml").read_text())
     kinds = {kind for claim in suite["claims"] for kind in claim.get("figures", [])}
-    assert "clipped_token_curves" in kinds and figure_function("clipped_token_curves") is fig_clipped_tokens
-    assert all(callable(figure_function(kind)) for kind in kinds)
+    assert "clipped_token_curves" in kinds and figure_name("clipped_token_curves") == "clipped_token_curves"
+    assert figure_name("reward") == "reward_curves" and figure_name("weights") == "drpo_weights"
+    assert all(figure_name(kind) in METRIC_FIGURES for kind in kinds)
     with pytest.raises(ValueError, match="unknown figure kind 'clipped'"):
-        figure_function("clipped")
+        figure_name("clipped")
 
 
 def test_replication_seeds_match_the_two_sample_formula():
