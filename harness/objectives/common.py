@@ -45,9 +45,10 @@ class Batch:
         assert out is not None  # prepare() guarantees old_logp when anchor == "old"
         return out
 
-    def log_ratio(self) -> Tensor:
-        """log(pi/mu), detached: the importance ratio is always rollout-anchored (SRL; DPPO Takeaway 2)."""
-        return (self.logp.detach() - self.behavior_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    def log_ratio(self, anchor: str = "behavior") -> Tensor:
+        """log(pi/anchor), detached. The importance ratio is always rollout-anchored (SRL; DPPO Takeaway 2): only
+        a trust region's own test reads the config's anchor."""
+        return (self.logp.detach() - self.anchor_logp(anchor)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
     def ratio(self) -> Tensor:
         return torch.exp(self.log_ratio())
