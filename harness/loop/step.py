@@ -26,7 +26,7 @@ from harness.logprobs import LogProbOutput
 from harness.loop.diagnostics import rollout_metrics, zero_weight
 from harness.loop.state import Run, checkpoint, sync_weights
 from harness.loop.tokens import token_rows
-from harness.objectives import aggregate
+from harness.objectives import aggregate, aggregate_denominator
 from harness.rewards import grade
 from harness.rollout.base import Rollout
 from harness.tasks import render_prompts
@@ -171,7 +171,7 @@ def update_minibatches(
     rows_metrics: list[dict[str, float]] = []
     updates = 0
     for rows in order.chunk(t.minibatches):
-        full_denominator = _denominator(batch.mask[rows], cfg.objective.agg)
+        full_denominator = float(aggregate_denominator(batch.mask[rows], cfg.objective.agg))
         rows = rows[pg.rank :: pg.world]  # the mini-batches are the same on every rank, their rows are split
         active = (batch.advantages[rows] != 0).any(1)
         has_signal = bool(active.any())
@@ -235,7 +235,7 @@ def update(
         gen = torch.Generator().manual_seed(cfg.seed + step)
         assert run.tokens is not None
         run.tokens.add(token_rows(step, out.loss_mat, lp, b, mb.old_logp, t.tokens_per_eval, gen))
-    loss = minibatch_loss(out.loss_mat, b, cfg.objective.agg, run.horizon, mb.full_denominator, mb.has_signal)
+    loss = minibatch_loss(out.loss_mat, b.mask, cfg.objective.agg, run.horizon, mb.full_denominator, mb.has_signal)
     if step in t.nan_at_steps:
         loss = loss * math.nan
     applied, loss, grad_norm = apply_update(run, loss)
@@ -331,30 +331,21 @@ def _finite_inputs(lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | No
 
 
 def minibatch_loss(
-    loss_mat: torch.Tensor, mb: TrainBatch, agg: str, horizon: int, full_denominator: float, has_signal: bool = True
+    loss_mat: torch.Tensor, mask: torch.Tensor, agg: str, horizon: int, full_denominator: float, has_signal: bool = True
 ) -> torch.Tensor:
     """This process's part of a mini-batch's loss: `aggregate` over its rows, rescaled so that it is normalised
-    by the whole mini-batch (`full_denominator`: every row, every rank, the skipped zero-advantage rows too).
-    Summed over ranks it is the single-process loss. A rank whose rows carry no signal contributes 0 (its
-    forward and backward still run: they are FSDP2 collectives)."""
+    by the whole mini-batch (`full_denominator`, `aggregate_denominator` of every row on every rank, the skipped
+    zero-advantage rows too). Summed over ranks it is the single-process loss. A rank whose rows carry no signal
+    contributes 0 (its forward and backward still run: they are FSDP2 collectives)."""
     if not has_signal:
         return loss_mat.sum() * 0.0
-    scale = _denominator(mb.mask, agg) / full_denominator
-    return aggregate(loss_mat, mb.mask, agg, horizon) * scale
+    scale = float(aggregate_denominator(mask, agg)) / full_denominator
+    return aggregate(loss_mat, mask, agg, horizon) * scale
 
 
 def _full(x: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (FSDP2's gradient norm), a plain tensor as it is."""
     return x.full_tensor() if hasattr(x, "full_tensor") else x
-
-
-def _denominator(mask: torch.Tensor, mode: str) -> float:
-    """What `aggregate` divides by, so a subset of rows can be normalised as the whole mini-batch."""
-    if mode == "token-mean":
-        return float(mask.sum().clamp(min=1))
-    if mode == "token-sum":
-        return 1.0
-    return float(((mask > 0).sum(1) > 0).sum().clamp(min=1))
 
 
 def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
