@@ -305,10 +305,11 @@ def test_nan_in_response_position_raises_with_count():
     logp = torch.zeros(2, 3)
     logp[0, 1] = float("nan")
     logp[1, 2] = float("nan")
-    with pytest.raises(ValueError, match=r"logp: 2 tokens"):
-        get_objective("grpo")(
-            logp=logp, behavior_logp=torch.zeros(2, 3), advantages=torch.ones(2, 3), mask=torch.ones(2, 3)
-        )
+    adv = torch.ones(2, 3)
+    adv[1, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"grpo: non-finite .* \(logp: 2, advantages: 1 tokens\)") as err:
+        get_objective("grpo")(logp=logp, behavior_logp=torch.zeros(2, 3), advantages=adv, mask=torch.ones(2, 3))
+    assert err.value.counts == {"logp": 2, "advantages": 1}  # what the training loop decides a skip by
 
 
 def test_the_anchored_ratio_goes_through_the_one_log_ratio_clamp(monkeypatch):

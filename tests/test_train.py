@@ -10,9 +10,9 @@ import torch
 
 from harness.config import validate
 from harness.loop.runlog import read_jsonl
-from harness.loop.step import minibatch_loss
+from harness.loop.step import minibatch_loss, objective_or_skip
 from harness.loop.train import train
-from harness.objectives import AGG_MODES, OBJECTIVE_NAMES, aggregate, aggregate_denominator
+from harness.objectives import AGG_MODES, OBJECTIVE_NAMES, aggregate, aggregate_denominator, get_objective
 from tests.conftest import FAST_TRAINER, compose, wandb_run_record
 
 
@@ -371,3 +371,51 @@ def test_each_part_of_a_split_minibatch_is_normalised_by_the_whole_in_every_aggr
     losses = [minibatch_loss(LOSS[rows], MASK[rows], mode, 8, float(full)).item() for rows in PARTS]
     assert losses == pytest.approx(expected, rel=1e-6)
     assert sum(losses) == pytest.approx(aggregate(LOSS, MASK, mode, horizon=8).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "poisoned,skipped",
+    [
+        ((), False),
+        (("logp",), True),
+        (("behavior_logp",), True),
+        (("old_logp",), True),
+        (("topk_logp",), True),
+        (("logp", "advantages"), True),
+        (("advantages",), None),
+        (("topk_behavior_logp",), None),
+    ],
+)
+def test_the_objectives_input_check_decides_a_skipped_update(poisoned, skipped):
+    """The training path's only finite-input check is the objective's: a NaN in the model's or the engine's
+    log-probs skips the update (None); one in the advantages or the top-K mu alone is the objective's error.
+    The padding's NaN counts for nothing."""
+    from types import SimpleNamespace
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    t = {
+        "logp": torch.full((2, 3), -1.0),
+        "behavior_logp": torch.full((2, 3), -1.1),
+        "old_logp": torch.full((2, 3), -1.05),
+        "advantages": torch.tensor([[1.0] * 3, [-1.0] * 3]),
+        "topk_logp": torch.full((2, 3, 2), -1.0),
+        "topk_behavior_logp": torch.full((2, 3, 2), -1.1),
+    }
+    for name in t:
+        t[name][0, 2] = float("nan")  # padding
+    for name in poisoned:
+        t[name][1, 1] = float("nan")
+    lp = SimpleNamespace(logp=t["logp"], entropy=torch.ones(2, 3), topk_logp=t["topk_logp"])
+    b = SimpleNamespace(
+        mask=mask,
+        behavior_logp=t["behavior_logp"],
+        advantages=t["advantages"],
+        topk_behavior_logp=t["topk_behavior_logp"],
+    )
+    objective = get_objective("dppo_topk_tv")
+    if skipped is None:
+        with pytest.raises(ValueError, match=rf"\({poisoned[0]}: \d+ tokens\)"):
+            objective_or_skip(objective, lp, b, t["old_logp"])
+        return
+    out = objective_or_skip(objective, lp, b, t["old_logp"])
+    assert (out is None) == skipped

@@ -26,12 +26,16 @@ from harness.logprobs import LogProbOutput
 from harness.loop.diagnostics import rollout_metrics, zero_weight
 from harness.loop.state import Run, checkpoint, sync_weights
 from harness.loop.tokens import token_rows
-from harness.objectives import aggregate, aggregate_denominator
+from harness.objectives import Objective, ObjectiveOutput, aggregate, aggregate_denominator
+from harness.objectives.common import NonFiniteInputError
 from harness.rewards import grade
 from harness.rollout.base import Rollout
 from harness.tasks import render_prompts
 from harness.tasks.arith import Problem, balanced_sample
 
+# The objective's inputs whose NaN/inf skips an update (counted, toward trainer.max_bad_steps): the model's and the
+# rollout engine's log-probs.
+_SKIPPED_INPUTS = frozenset({"logp", "behavior_logp", "old_logp", "topk_logp"})
 BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
 
 
@@ -213,19 +217,12 @@ def update(
         m.update(_mismatch(lp.logp.detach(), b))
     if not mb.any_signal:
         return m, False, False
-    if run.pg.any(not _finite_inputs(lp, b, mb.old_logp)):  # a NaN/inf from the model: nothing to learn from
+    out = objective_or_skip(run.objective, lp, b, mb.old_logp)
+    skip = run.pg.any(out is None)  # a NaN/inf from the model: nothing to learn from, on any rank (FSDP2 collectives)
+    if skip or out is None:
         skip_update(run)
         m.update({"optim/loss": math.nan, "optim/grad_norm": math.nan})
         return m, False, False
-    out = run.objective(
-        logp=lp.logp,
-        behavior_logp=b.behavior_logp,
-        advantages=b.advantages,
-        mask=b.mask,
-        old_logp=mb.old_logp,
-        topk_logp=lp.topk_logp,
-        topk_behavior_logp=b.topk_behavior_logp,
-    )
     if mb.has_signal:  # Fig. 6 / App. D: the tokens this update masks or clipped
         run.clipped.add(zero_weight(out.loss_mat, lp.logp), b, lp.entropy)
     if mb.has_signal and step in t.save_batches:
@@ -320,14 +317,27 @@ def nan_logits(policy: torch.nn.Module, on: bool) -> Iterator[None]:
         handle.remove()
 
 
-def _finite_inputs(lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None) -> bool:
-    """The model's outputs the objective reads (and the engine's mu), finite wherever the response mask is on."""
-    m = b.mask > 0
-    tensors = [lp.logp.detach(), b.behavior_logp, lp.entropy, old_logp]
-    bad = [(~torch.isfinite(x.detach()) & m).any() for x in tensors if x is not None]
-    if lp.topk_logp is not None:  # -inf is a legitimate top-K log-prob far in the tail; NaN is not
-        bad.append((torch.isnan(lp.topk_logp.detach()) & m[..., None]).any())
-    return not bool(torch.stack(bad).any())  # one host sync per update, as in the objective's own input check
+def objective_or_skip(
+    objective: Objective, lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None
+) -> ObjectiveOutput | None:
+    """The objective on this rank's rows, or None when the model's or the engine's log-probs are NaN/inf where
+    the response mask is on. The objective's own input check is the only one on the training path (one host sync
+    per update); the entropy and the top-K log-probs come from the same logits as logp (harness.logprobs), so a
+    NaN in them is a NaN in logp. Non-finite advantages or top-K mu alone are a bug upstream: the error stands."""
+    try:
+        return objective(
+            logp=lp.logp,
+            behavior_logp=b.behavior_logp,
+            advantages=b.advantages,
+            mask=b.mask,
+            old_logp=old_logp,
+            topk_logp=lp.topk_logp,
+            topk_behavior_logp=b.topk_behavior_logp,
+        )
+    except NonFiniteInputError as e:
+        if e.counts.keys().isdisjoint(_SKIPPED_INPUTS):
+            raise
+        return None
 
 
 def minibatch_loss(
