@@ -316,6 +316,29 @@ def test_nan_logits_from_the_model_skip_the_step_and_bad_steps_are_counted_in_a_
         run(tmp_path, *common, "trainer.total_steps=4", "trainer.nan_logits_at_steps=[2,3]", name="stopped")
 
 
+def test_trainer_bad_update_gap_is_the_bad_update_threshold(tmp_path, small_model):
+    """mismatch/bad_update_frac counts the A < 0 tokens whose mu - pi exceeds trainer.bad_update_gap: recomputed
+    from the step's saved update inputs at the configured gap it is the logged value, and the default gap gives
+    another value on the same tokens."""
+    common = [*small_model, *FAST_TRAINER, "rollout=hf", "trainer.total_steps=1", "trainer.save_batches=[1]"]
+    common += ["trainer.prompts_per_step=8", "trainer.group_size=8"]  # 8 x 8 samples: the step has a signal
+    _, run_dir = run(tmp_path, *common, "trainer.bad_update_gap=0")
+    updates = torch.load(run_dir / "batches" / "step_1.pt")
+
+    def bad_update_frac(gap: float) -> float:
+        fracs = []
+        for u in updates:
+            m = u["mask"] > 0
+            bad = (u["advantages"] < 0) & (u["behavior_logp"].exp() - u["logp"].exp() > gap) & m
+            fracs.append(float(bad.sum() / m.sum().clamp(min=1)))
+        return sum(fracs) / len(fracs)
+
+    (row,) = read_jsonl(run_dir / "metrics.jsonl")
+    logged = row["mismatch/bad_update_frac"]
+    assert logged == pytest.approx(bad_update_frac(0.0)) and logged > 0
+    assert bad_update_frac(0.5) != logged, (bad_update_frac(0.5), logged)
+
+
 def test_logged_lines_are_fsynced_before_each_checkpoint_is_published(tmp_path, small_model, monkeypatch):
     """Every metrics and eval line up to a checkpoint is as durable as the checkpoint: between two checkpoint
     publishes (the rename of step_<k> into place) the appended logs are fsynced. A spy records fsync and rename

@@ -36,7 +36,6 @@ from harness.tasks.arith import Problem, balanced_sample
 # The objective's inputs whose NaN/inf skips an update (counted, toward trainer.max_bad_steps): the model's and the
 # rollout engine's log-probs.
 _SKIPPED_INPUTS = frozenset({"logp", "behavior_logp", "old_logp", "topk_logp"})
-BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
 
 
 class NonFiniteError(RuntimeError):
@@ -238,7 +237,7 @@ def update(
     applied, loss, grad_norm = apply_update(run, loss)
     if mb.has_signal:
         m.update({key: float(v) for key, v in out.metrics.items()})
-        m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), b)
+        m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), b, t.bad_update_gap)
     m.update({"optim/loss": float(loss), "optim/grad_norm": float(grad_norm)})
     return m, applied, sampled
 
@@ -381,11 +380,12 @@ def _mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:
     }
 
 
-def _bad_update_frac(logp: torch.Tensor, mb: TrainBatch) -> float:
-    """Tokens pushed down (A < 0) although pi already sits far below mu: P-DPPO's "bad updates" (Fig. 5)."""
+def _bad_update_frac(logp: torch.Tensor, mb: TrainBatch, threshold: float) -> float:
+    """Tokens pushed down (A < 0) although pi already sits far below mu (mu - pi > `trainer.bad_update_gap`):
+    P-DPPO's "bad updates" (Fig. 5)."""
     m = mb.mask > 0
     gap = mb.behavior_logp.exp() - logp.exp()
-    return float(((mb.advantages < 0) & (gap > BAD_UPDATE_GAP) & m).sum() / m.sum().clamp(min=1))
+    return float(((mb.advantages < 0) & (gap > threshold) & m).sum() / m.sum().clamp(min=1))
 
 
 def _mean_of(rows: list[dict[str, float]]) -> dict[str, float]:
