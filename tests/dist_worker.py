@@ -17,8 +17,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from harness import distributed
 from harness.batch import build_batch, policy_logprobs
-from harness.loop.step import _denominator, _full, minibatch_loss
-from harness.objectives import get_objective
+from harness.loop.step import _full, minibatch_loss
+from harness.objectives import aggregate_denominator, get_objective
 from harness.rollout.base import Rollout
 
 ROWS, PROMPT, T, VOCAB = 8, 5, 7, 96
@@ -55,7 +55,7 @@ def update(d: distributed.ProcessGroup, objective_name: str, agg: str) -> dict:
     objective = get_objective(objective_name)
     batch = global_batch()
     rows = torch.arange(ROWS)  # the mini-batch: every row of the batch
-    full_denominator = _denominator(batch.mask[rows], agg)
+    full_denominator = float(aggregate_denominator(batch.mask[rows], agg))
     rows = rows[d.rank :: d.world]
     active = (batch.advantages[rows] != 0).any(1)
     mb = batch.select(rows[active])
@@ -64,7 +64,7 @@ def update(d: distributed.ProcessGroup, objective_name: str, agg: str) -> dict:
         logp=lp.logp, behavior_logp=mb.behavior_logp, advantages=mb.advantages, mask=mb.mask,
         old_logp=mb.behavior_logp.clone(),
     )  # fmt: skip
-    loss = minibatch_loss(out.loss_mat, mb, agg, T, full_denominator)
+    loss = minibatch_loss(out.loss_mat, mb.mask, agg, T, full_denominator)
     (loss * d.world).backward()
     grads = {name: _full(p.grad).detach().clone() for name, p in policy.named_parameters()}
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))

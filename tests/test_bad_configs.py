@@ -54,6 +54,9 @@ BAD = [
     (["trainer.grad_clip=0"], "trainer.grad_clip", "> 0"),
     (["trainer.advantage=ppo"], "trainer.advantage", "'drgrpo'"),
     (["trainer.max_bad_steps=0"], "trainer.max_bad_steps", ">= 1"),
+    (["trainer.bad_update_gap=1"], "trainer.bad_update_gap", "must be < 1, got 1.0"),
+    (["trainer.bad_update_gap=-0.1"], "trainer.bad_update_gap", "must be >= 0"),
+    (["trainer.bad_update_gap=half"], "trainer.bad_update_gap", "expected float"),
     (["trainer.resume=maybe"], "trainer.resume", "bool"),
     (["+trainer.epochs=2"], "trainer: unknown key 'epochs'", "allowed keys: advantage"),
     (["objective=dppo_topk_tv", "rollout.max_topk=5"], "rollout.max_topk", "objective.topk = 20"),
@@ -140,7 +143,7 @@ def test_unknown_group_option_lists_the_valid_ones(group, capsys):
 
 
 UNKNOWN_KEYS = [
-    (["trainer.lrr=1"], "trainer: unknown key 'lrr'; allowed keys: advantage, beta1, beta2, checkpoint_every,"),
+    (["trainer.lrr=1"], "trainer: unknown key 'lrr'; allowed keys: advantage, bad_update_gap, beta1, beta2,"),
     (["traner.lr=1"], "the config: unknown key 'traner'; allowed keys: benchmark, data, device, eval, logger,"),
     (["objective.delta=0.3"], "objective (objective=grpo): unknown key 'delta'; allowed keys: agg, anchor, eps_high,"),
     (["model.lora_rnk=8"], "model (model=tiny): unknown key 'lora_rnk'; allowed keys: architecture,"),

@@ -11,7 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.config import validate
-from harness.loop.eval_only import evaluate_model, resolve_model
+from harness.loop.checkpoint import load_order
+from harness.loop.eval_only import _latest_checkpoint, evaluate_model, resolve_model
 from harness.loop.model_path import model_dir
 from harness.loop.train import train
 from harness.machine import check_files
@@ -84,6 +85,17 @@ def test_tiny_model_on_aime_cuts_prompts_to_its_context(tmp_path, small_model):
     assert [r["id"] for r in record["problems"]] == ["2024-I-1", "2024-I-2", "2024-I-3"]
     assert 0 < record["prompt_truncated_frac"] <= 1  # AIME problems are longer than 512 tiny-BPE tokens
     assert record["acc/aime24"] == record["avg@2"]
+
+
+def test_a_run_directory_is_evaluated_at_the_checkpoint_a_resume_would_load(tmp_path):
+    """One ordering of a run's checkpoints (checkpoint.load_order, what load_latest tries first): the newest
+    step by number, not by name; the one `latest` names when it names another; never a temp folder."""
+    root = tmp_path / "checkpoints"
+    for name in ("step_2", "step_10", ".tmp-step_11-x"):
+        (root / name).mkdir(parents=True)
+    assert _latest_checkpoint(tmp_path) == root / "step_10" == load_order(root)[0]
+    (root / "latest").write_text("step_2\n")
+    assert _latest_checkpoint(tmp_path) == root / "step_2" == load_order(root)[0]
 
 
 def test_bad_model_paths_fail_with_one_line(tmp_path, trained_run):

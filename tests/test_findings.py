@@ -801,3 +801,7 @@ def test_a_setting_added_since_a_run_at_its_off_value_leaves_the_run_current():
     assert differences(made, {"trainer": {"lr": 1e-4, "save_batches": [2]}}) == {"trainer.save_batches": (None, [2])}
     assert differences(made, {"trainer": {"lr": 1e-4, "engine": "policy"}}) == {"trainer.engine": (None, "policy")}
     assert differences({"trainer": {"save_batches": [2]}}, {"trainer": {"save_batches": []}}) != {}
+    # A logged metric's threshold, added since at the value runs used before: neither a new setting nor a refused
+    # resume, at any value (it changes what is watched, not what is trained).
+    assert differences(made, {"trainer": {"lr": 1e-4, "bad_update_gap": 0.5}}) == {}
+    assert differences({"trainer": {"bad_update_gap": 0.5}}, {"trainer": {"bad_update_gap": 0.3}}) == {}

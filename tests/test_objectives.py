@@ -305,10 +305,26 @@ def test_nan_in_response_position_raises_with_count():
     logp = torch.zeros(2, 3)
     logp[0, 1] = float("nan")
     logp[1, 2] = float("nan")
-    with pytest.raises(ValueError, match=r"logp: 2 tokens"):
-        get_objective("grpo")(
-            logp=logp, behavior_logp=torch.zeros(2, 3), advantages=torch.ones(2, 3), mask=torch.ones(2, 3)
-        )
+    adv = torch.ones(2, 3)
+    adv[1, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"grpo: non-finite .* \(logp: 2, advantages: 1 tokens\)") as err:
+        get_objective("grpo")(logp=logp, behavior_logp=torch.zeros(2, 3), advantages=adv, mask=torch.ones(2, 3))
+    assert err.value.counts == {"logp": 2, "advantages": 1}  # what the training loop decides a skip by
+
+
+def test_the_anchored_ratio_goes_through_the_one_log_ratio_clamp(monkeypatch):
+    """Clip and CISPO test their anchored ratio through common.LOG_RATIO_CLAMP: moved to 5, a token with
+    log(pi/mu) = 10 has ratio e^5, inside a 1 + 200 clip (a clamp of its own at 20 would give e^10, outside)."""
+    from harness.objectives import common
+
+    monkeypatch.setattr(common, "LOG_RATIO_CLAMP", 5.0)
+    ones = torch.ones(1, 1)
+    tensors = {"logp": torch.tensor([[-2.0]]), "behavior_logp": torch.tensor([[-12.0]]), "advantages": ones}
+    clip = get_objective("grpo", eps_high=200.0, is_cap=1e6)(**tensors, mask=ones)
+    assert clip.metrics["objective/masked_frac"].item() == 0.0
+    assert clip.loss_mat.item() == pytest.approx(-math.exp(5.0))
+    cispo = get_objective("cispo_minimax", eps_high=1e6, is_cap=1e6)(**tensors, mask=ones)
+    assert cispo.loss_mat.item() == pytest.approx(-math.exp(5.0))
 
 
 def test_shape_mismatch_names_the_tensors():

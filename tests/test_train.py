@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.config import validate
+from harness.loop.step import minibatch_loss, objective_or_skip
 from harness.loop.train import train
-from harness.objectives import OBJECTIVE_NAMES
+from harness.objectives import AGG_MODES, OBJECTIVE_NAMES, aggregate, aggregate_denominator, get_objective
 from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose, wandb_run_record
 
@@ -314,6 +316,29 @@ def test_nan_logits_from_the_model_skip_the_step_and_bad_steps_are_counted_in_a_
         run(tmp_path, *common, "trainer.total_steps=4", "trainer.nan_logits_at_steps=[2,3]", name="stopped")
 
 
+def test_trainer_bad_update_gap_is_the_bad_update_threshold(tmp_path, small_model):
+    """mismatch/bad_update_frac counts the A < 0 tokens whose mu - pi exceeds trainer.bad_update_gap: recomputed
+    from the step's saved update inputs at the configured gap it is the logged value, and the default gap gives
+    another value on the same tokens."""
+    common = [*small_model, *FAST_TRAINER, "rollout=hf", "trainer.total_steps=1", "trainer.save_batches=[1]"]
+    common += ["trainer.prompts_per_step=8", "trainer.group_size=8"]  # 8 x 8 samples: the step has a signal
+    _, run_dir = run(tmp_path, *common, "trainer.bad_update_gap=0")
+    updates = torch.load(run_dir / "batches" / "step_1.pt")
+
+    def bad_update_frac(gap: float) -> float:
+        fracs = []
+        for u in updates:
+            m = u["mask"] > 0
+            bad = (u["advantages"] < 0) & (u["behavior_logp"].exp() - u["logp"].exp() > gap) & m
+            fracs.append(float(bad.sum() / m.sum().clamp(min=1)))
+        return sum(fracs) / len(fracs)
+
+    (row,) = read_jsonl(run_dir / "metrics.jsonl")
+    logged = row["mismatch/bad_update_frac"]
+    assert logged == pytest.approx(bad_update_frac(0.0)) and logged > 0
+    assert bad_update_frac(0.5) != logged, (bad_update_frac(0.5), logged)
+
+
 def test_logged_lines_are_fsynced_before_each_checkpoint_is_published(tmp_path, small_model, monkeypatch):
     """Every metrics and eval line up to a checkpoint is as durable as the checkpoint: between two checkpoint
     publishes (the rename of step_<k> into place) the appended logs are fsynced. A spy records fsync and rename
@@ -343,3 +368,77 @@ def test_logged_lines_are_fsynced_before_each_checkpoint_is_published(tmp_path, 
     for previous, current in zip([-1, *publishes], publishes, strict=False):
         synced = {Path(path).name for kind, path in events[previous + 1 : current] if kind == "fsync"}
         assert {"metrics.jsonl", "eval.jsonl"} <= synced, synced
+
+
+# A mini-batch of four rows (the third fully masked), split in two as the loop splits one: into the rows with
+# signal, and across ranks. Tokens 2 + 4 + 3 = 9, rows with a token 3, row sums 2, 8, 9, row means 1, 2, 3.
+LOSS = torch.tensor([[1.0, 1.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0], [9.0, 9.0, 9.0, 9.0], [3.0, 3.0, 3.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+PARTS = [torch.tensor([0, 2]), torch.tensor([1, 3])]
+# mode: (the whole mini-batch's denominator, the loss of rows {0, 2}, the loss of rows {1, 3}), horizon 8
+SPLIT = {
+    "token-mean": (9, 2 / 9, 17 / 9),
+    "token-sum": (1, 2.0, 17.0),
+    "seq-mean-token-mean": (3, 1 / 3, 5 / 3),
+    "seq-mean-token-sum": (3, 2 / 3, 17 / 3),
+    "seq-mean-token-sum-norm": (3, 2 / 24, 17 / 24),
+}
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_each_part_of_a_split_minibatch_is_normalised_by_the_whole_in_every_aggregation(mode):
+    """The loop rescales a part's loss by aggregate's own denominator, whatever the mode (a mode without a row
+    here fails): each part is its share of the whole's loss, by hand, and the parts sum to aggregate() of it."""
+    full, *expected = SPLIT[mode]
+    assert aggregate_denominator(MASK, mode).item() == full
+    losses = [minibatch_loss(LOSS[rows], MASK[rows], mode, 8, float(full)).item() for rows in PARTS]
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert sum(losses) == pytest.approx(aggregate(LOSS, MASK, mode, horizon=8).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "poisoned,skipped",
+    [
+        ((), False),
+        (("logp",), True),
+        (("behavior_logp",), True),
+        (("old_logp",), True),
+        (("topk_logp",), True),
+        (("logp", "advantages"), True),
+        (("advantages",), None),
+        (("topk_behavior_logp",), None),
+    ],
+)
+def test_the_objectives_input_check_decides_a_skipped_update(poisoned, skipped):
+    """The training path's only finite-input check is the objective's: a NaN in the model's or the engine's
+    log-probs skips the update (None); one in the advantages or the top-K mu alone is the objective's error.
+    The padding's NaN counts for nothing."""
+    from types import SimpleNamespace
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    t = {
+        "logp": torch.full((2, 3), -1.0),
+        "behavior_logp": torch.full((2, 3), -1.1),
+        "old_logp": torch.full((2, 3), -1.05),
+        "advantages": torch.tensor([[1.0] * 3, [-1.0] * 3]),
+        "topk_logp": torch.full((2, 3, 2), -1.0),
+        "topk_behavior_logp": torch.full((2, 3, 2), -1.1),
+    }
+    for name in t:
+        t[name][0, 2] = float("nan")  # padding
+    for name in poisoned:
+        t[name][1, 1] = float("nan")
+    lp = SimpleNamespace(logp=t["logp"], entropy=torch.ones(2, 3), topk_logp=t["topk_logp"])
+    b = SimpleNamespace(
+        mask=mask,
+        behavior_logp=t["behavior_logp"],
+        advantages=t["advantages"],
+        topk_behavior_logp=t["topk_behavior_logp"],
+    )
+    objective = get_objective("dppo_topk_tv")
+    if skipped is None:
+        with pytest.raises(ValueError, match=rf"\({poisoned[0]}: \d+ tokens\)"):
+            objective_or_skip(objective, lp, b, t["old_logp"])
+        return
+    out = objective_or_skip(objective, lp, b, t["old_logp"])
+    assert (out is None) == skipped

@@ -90,6 +90,15 @@ class TrainerConfig:
             "help": "response tokens (A != 0) of each evaluation step's first mini-batch kept in tokens.parquet",
         },
     )
+    bad_update_gap: float = field(
+        default=0.5,
+        metadata={
+            "ge": 0,
+            "lt": 1,
+            "help": "mismatch/bad_update_frac counts the A < 0 tokens whose mu - pi exceeds this probability gap "
+            "(DPPO Fig. 5: 0.5)",
+        },
+    )
 
 
 @dataclass(frozen=True)

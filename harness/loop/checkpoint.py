@@ -284,8 +284,14 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     do not match the name. Empty when there is no such folder."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
+    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None]
     return sorted(found)
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """k of a checkpoint folder named step_<k>; None for any other name (a temp folder, `latest`)."""
+    m = _STEP_DIR.fullmatch(folder.name)
+    return int(m.group(1)) if m else None
 
 
 def load_order(root: Path) -> list[Path]:

@@ -1,5 +1,8 @@
 """What the papers' figures plot beyond an objective's own metrics, gathered over all of a step's mini-batches.
 
+- The training-inference mismatch (mu against pi before an update: |pi - mu|, k1, k3), the policy entropy, and
+  P-DPPO Fig. 5's "bad updates" (A < 0 while mu - pi exceeds `trainer.bad_update_gap`).
+
 - Fig. 6 (DPPO v3): the rollout probability mu and the entropy of the tokens the trust region masked or clipped,
   split by the sign of A. "Masked or clipped" is read off autograd, as in tokens.parquet: a response token with
   A != 0 whose gradient weight -dL/dlogp is exactly 0. One rule therefore covers every objective (a ratio clip, a
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,37 @@ from harness.rundir.files import atomic_write_text, writing
 LOW_PROB = 0.01  # "low-probability token": mu at or below this
 TABLE_ROWS = 50  # App. D lists the 50 most clipped tokens per sign
 SIGNS = ("pos", "neg")
+
+
+def masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
+    if x is None:
+        return math.nan
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:
+    """Rollout engine (mu) vs trainer (pi, same weights before any update): the training-inference mismatch."""
+    m = mb.mask > 0
+    if not bool(m.any()):
+        return {}
+    log_r = (logp - mb.behavior_logp)[m]
+    p, q = logp.exp()[m], mb.behavior_logp.exp()[m]
+    return {
+        "mismatch/abs_prob_diff_mean": float((p - q).abs().mean()),
+        "mismatch/abs_prob_diff_max": float((p - q).abs().max()),
+        "mismatch/mu_minus_pi_max": float((q - p).max()),
+        "mismatch/mu_minus_pi_min": float((q - p).min()),
+        "mismatch/k1": float((-log_r).mean()),
+        "mismatch/k3": float((torch.expm1(log_r) - log_r).mean()),
+    }
+
+
+def bad_update_frac(logp: torch.Tensor, mb: TrainBatch, threshold: float) -> float:
+    """Tokens pushed down (A < 0) although pi already sits far below mu (mu - pi > `trainer.bad_update_gap`):
+    P-DPPO's "bad updates" (Fig. 5)."""
+    m = mb.mask > 0
+    gap = mb.behavior_logp.exp() - logp.exp()
+    return float(((mb.advantages < 0) & (gap > threshold) & m).sum() / m.sum().clamp(min=1))
 
 
 def zero_weight(loss_mat: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,6 @@ step k.
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from safetensors import safe_open
 from harness.config import ModelConfig, RunConfig, SetupError, validate
 from harness.errors import first_line
 from harness.loop import sharded
-from harness.loop.checkpoint import load_order
+from harness.loop.checkpoint import CHECKPOINTS, checkpoint_step, load_order
 from harness.loop.evaluate import eval_settings, evaluate
 from harness.loop.export import read_info
 from harness.loop.model_path import model_dir
@@ -44,8 +43,6 @@ from harness.models import load_tokenizer_of
 from harness.reward_model import RewardModel, evaluate_rm
 from harness.rollout import engine_from_config
 from harness.tasks import load_benchmark, render_prompts
-
-_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ def resolve_model(cfg: RunConfig) -> ModelSource:
         return ModelSource(str(model_dir(cfg)), None, 0, cfg.model, cfg.data.template, tiny=True)
     path = Path(source).expanduser()
     ckpt = None
-    if _STEP_DIR.fullmatch(path.name) and path.parent.name == "checkpoints" and path.is_dir():
+    if checkpoint_step(path) is not None and path.parent.name == CHECKPOINTS and path.is_dir():
         ckpt, path = path, path.parent.parent
     if (path / ".hydra" / "config.yaml").is_file():
         return _from_run(path, ckpt)
@@ -100,7 +97,8 @@ def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
     weights = ckpt if sharded.is_sharded(ckpt) else ckpt / "model.safetensors"  # a multi-process run's: its shards
     if not weights.exists():
         raise FileNotFoundError(f"model.path: checkpoint {ckpt} has no model.safetensors (nor sharded .metadata)")
-    step = int(_STEP_DIR.fullmatch(ckpt.name).group(1))  # type: ignore[union-attr]
+    step = checkpoint_step(ckpt)
+    assert step is not None  # a step_<k> folder: the one model.path names, or load_order's pick
     return ModelSource(
         str(model_dir(trained)),
         weights,
@@ -113,7 +111,7 @@ def _from_run(run: Path, ckpt: Path | None) -> ModelSource:
 
 def _latest_checkpoint(run: Path) -> Path:
     """The checkpoint a resume would load: the one `latest` names, else the newest complete step_<k>."""
-    order = load_order(run / "checkpoints")
+    order = load_order(run / CHECKPOINTS)
     if not order:
         raise FileNotFoundError(f"model.path: run directory {run} has no checkpoint under checkpoints/")
     return order[0]

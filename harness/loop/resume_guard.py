@@ -6,7 +6,7 @@ the experiment (objective and its hyperparameters, model, precision, data, lr, b
 refused in one line that lists the differing keys, before any model is built and without touching the run
 directory. A deliberate change is named in `trainer.resume_allow=[key, ...]` (a group name allows its keys) and
 recorded in `resume_changes.jsonl`. Operational keys (threads, logging, drills, how often to evaluate or
-checkpoint) may change freely.
+checkpoint, a logged metric's threshold) may change freely.
 
 Hydra writes the new command's .hydra/ files into the directory before any of our code runs; a refused resume
 puts the recorded ones back, so the directory still describes the run it holds.

@@ -24,16 +24,19 @@ from harness.advantages import compute_advantages
 from harness.batch import TrainBatch, build_batch, policy_logprobs
 from harness.logprobs import LogProbOutput
 from harness.loop.checkpoint import checkpoint
-from harness.loop.diagnostics import rollout_metrics, zero_weight
+from harness.loop.diagnostics import bad_update_frac, masked_mean, mismatch, rollout_metrics, zero_weight
 from harness.loop.state import Run
 from harness.loop.tokens import token_rows
-from harness.objectives import aggregate
+from harness.objectives import Objective, ObjectiveOutput, aggregate, aggregate_denominator
+from harness.objectives.common import NonFiniteInputError
 from harness.rewards import grade
 from harness.rollout.base import Rollout
 from harness.tasks import render_prompts
 from harness.tasks.arith import Problem, balanced_sample
 
-BAD_UPDATE_GAP = 0.5  # P-DPPO Fig. 5: a "bad update" is A < 0 with mu - pi > 0.5
+# The objective's inputs whose NaN/inf skips an update (counted, toward trainer.max_bad_steps): the model's and the
+# rollout engine's log-probs.
+_SKIPPED_INPUTS = frozenset({"logp", "behavior_logp", "old_logp", "topk_logp"})
 
 
 class NonFiniteError(RuntimeError):
@@ -172,7 +175,7 @@ def update_minibatches(
     rows_metrics: list[dict[str, float]] = []
     updates = 0
     for rows in order.chunk(t.minibatches):
-        full_denominator = _denominator(batch.mask[rows], cfg.objective.agg)
+        full_denominator = float(aggregate_denominator(batch.mask[rows], cfg.objective.agg))
         rows = rows[pg.rank :: pg.world]  # the mini-batches are the same on every rank, their rows are split
         active = (batch.advantages[rows] != 0).any(1)
         has_signal = bool(active.any())
@@ -198,53 +201,63 @@ def update_minibatches(
 def update(
     run: Run, step: int, mb: MiniBatch, measuring: bool, sample_tokens: bool
 ) -> tuple[dict[str, float], bool, bool]:
-    """One mini-batch: forward, objective, backward, AdamW step (skipped if the loss or gradient is not finite).
-    Returns (metrics, whether the update was applied, whether tokens were sampled)."""
+    """One mini-batch: forward, objective, aggregate, backward, AdamW step (skipped if the loss or gradient is not
+    finite). Returns (metrics, whether the update was applied, whether tokens were sampled)."""
     cfg, t, b = run.cfg, run.cfg.trainer, mb.batch
-    with torch.set_grad_enabled(mb.any_signal), nan_logits(run.policy, step in t.nan_logits_at_steps):
-        lp = policy_logprobs(
+    lp = forward(run, step, b, with_grad=mb.any_signal)
+    m = {"rollout/entropy": masked_mean(lp.entropy, b.mask)}
+    if measuring:  # before the step's first update: the pure training-inference mismatch
+        m.update(mismatch(lp.logp.detach(), b))
+    if not mb.any_signal:
+        return m, False, False
+    out = objective_or_skip(run.objective, lp, b, mb.old_logp)
+    skip = run.pg.any(out is None)  # a NaN/inf from the model: nothing to learn from, on any rank (FSDP2 collectives)
+    if skip or out is None:
+        skip_update(run)
+        m.update({"optim/loss": math.nan, "optim/grad_norm": math.nan})
+        return m, False, False
+    sampled = record_update(run, step, mb, lp, out, sample_tokens)
+    loss = minibatch_loss(out.loss_mat, b.mask, cfg.objective.agg, run.horizon, mb.full_denominator, mb.has_signal)
+    if step in t.nan_at_steps:
+        loss = loss * math.nan
+    applied, loss, grad_norm = apply_update(run, loss)
+    if mb.has_signal:
+        m.update({key: float(v) for key, v in out.metrics.items()})
+        m["mismatch/bad_update_frac"] = bad_update_frac(lp.logp.detach(), b, t.bad_update_gap)
+    m.update({"optim/loss": float(loss), "optim/grad_norm": float(grad_norm)})
+    return m, applied, sampled
+
+
+def forward(run: Run, step: int, b: TrainBatch, with_grad: bool) -> LogProbOutput:
+    """The policy's log-probs (and entropy, top-K) of the mini-batch's responses, under the training precision."""
+    cfg = run.cfg
+    with torch.set_grad_enabled(with_grad), nan_logits(run.policy, step in cfg.trainer.nan_logits_at_steps):
+        return policy_logprobs(
             run.policy,
             b,
             cfg.rollout.temperature,
             with_topk=run.objective.topk > 1,
             autocast_dtype=run.prec.train_autocast,
         )
-    m = {"rollout/entropy": _masked_mean(lp.entropy, b.mask)}
-    if measuring:  # before the step's first update: the pure training-inference mismatch
-        m.update(_mismatch(lp.logp.detach(), b))
-    if not mb.any_signal:
-        return m, False, False
-    if run.pg.any(not _finite_inputs(lp, b, mb.old_logp)):  # a NaN/inf from the model: nothing to learn from
-        skip_update(run)
-        m.update({"optim/loss": math.nan, "optim/grad_norm": math.nan})
-        return m, False, False
-    out = run.objective(
-        logp=lp.logp,
-        behavior_logp=b.behavior_logp,
-        advantages=b.advantages,
-        mask=b.mask,
-        old_logp=mb.old_logp,
-        topk_logp=lp.topk_logp,
-        topk_behavior_logp=b.topk_behavior_logp,
-    )
-    if mb.has_signal:  # Fig. 6 / App. D: the tokens this update masks or clipped
+
+
+def record_update(
+    run: Run, step: int, mb: MiniBatch, lp: LogProbOutput, out: ObjectiveOutput, sample_tokens: bool
+) -> bool:
+    """What the figures and the replay keep of this update: the tokens it masks or clips (Fig. 6, App. D), its
+    inputs (`trainer.save_batches`), and on an evaluation step's first update with signal, where pi is mu, a token
+    sample (tokens.parquet). Returns whether tokens were sampled."""
+    t, b = run.cfg.trainer, mb.batch
+    if mb.has_signal:
         run.clipped.add(zero_weight(out.loss_mat, lp.logp), b, lp.entropy)
     if mb.has_signal and step in t.save_batches:
         save_batch(run, step, lp, b, mb.old_logp)
     sampled = sample_tokens and mb.has_signal
-    if sampled:  # an eval step's first update with signal: pi is mu
-        gen = torch.Generator().manual_seed(cfg.seed + step)
+    if sampled:
+        gen = torch.Generator().manual_seed(run.cfg.seed + step)
         assert run.tokens is not None
         run.tokens.add(token_rows(step, out.loss_mat, lp, b, mb.old_logp, t.tokens_per_eval, gen))
-    loss = minibatch_loss(out.loss_mat, b, cfg.objective.agg, run.horizon, mb.full_denominator, mb.has_signal)
-    if step in t.nan_at_steps:
-        loss = loss * math.nan
-    applied, loss, grad_norm = apply_update(run, loss)
-    if mb.has_signal:
-        m.update({key: float(v) for key, v in out.metrics.items()})
-        m["mismatch/bad_update_frac"] = _bad_update_frac(lp.logp.detach(), b)
-    m.update({"optim/loss": float(loss), "optim/grad_norm": float(grad_norm)})
-    return m, applied, sampled
+    return sampled
 
 
 def save_batch(run: Run, step: int, lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None) -> None:
@@ -321,71 +334,45 @@ def nan_logits(policy: torch.nn.Module, on: bool) -> Iterator[None]:
         handle.remove()
 
 
-def _finite_inputs(lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None) -> bool:
-    """The model's outputs the objective reads (and the engine's mu), finite wherever the response mask is on."""
-    m = b.mask > 0
-    tensors = [lp.logp.detach(), b.behavior_logp, lp.entropy, old_logp]
-    bad = [(~torch.isfinite(x.detach()) & m).any() for x in tensors if x is not None]
-    if lp.topk_logp is not None:  # -inf is a legitimate top-K log-prob far in the tail; NaN is not
-        bad.append((torch.isnan(lp.topk_logp.detach()) & m[..., None]).any())
-    return not bool(torch.stack(bad).any())  # one host sync per update, as in the objective's own input check
+def objective_or_skip(
+    objective: Objective, lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None
+) -> ObjectiveOutput | None:
+    """The objective on this rank's rows, or None when the model's or the engine's log-probs are NaN/inf where
+    the response mask is on. The objective's own input check is the only one on the training path (one host sync
+    per update); the entropy and the top-K log-probs come from the same logits as logp (harness.logprobs), so a
+    NaN in them is a NaN in logp. Non-finite advantages or top-K mu alone are a bug upstream: the error stands."""
+    try:
+        return objective(
+            logp=lp.logp,
+            behavior_logp=b.behavior_logp,
+            advantages=b.advantages,
+            mask=b.mask,
+            old_logp=old_logp,
+            topk_logp=lp.topk_logp,
+            topk_behavior_logp=b.topk_behavior_logp,
+        )
+    except NonFiniteInputError as e:
+        if e.counts.keys().isdisjoint(_SKIPPED_INPUTS):
+            raise
+        return None
 
 
 def minibatch_loss(
-    loss_mat: torch.Tensor, mb: TrainBatch, agg: str, horizon: int, full_denominator: float, has_signal: bool = True
+    loss_mat: torch.Tensor, mask: torch.Tensor, agg: str, horizon: int, full_denominator: float, has_signal: bool = True
 ) -> torch.Tensor:
     """This process's part of a mini-batch's loss: `aggregate` over its rows, rescaled so that it is normalised
-    by the whole mini-batch (`full_denominator`: every row, every rank, the skipped zero-advantage rows too).
-    Summed over ranks it is the single-process loss. A rank whose rows carry no signal contributes 0 (its
-    forward and backward still run: they are FSDP2 collectives)."""
+    by the whole mini-batch (`full_denominator`, `aggregate_denominator` of every row on every rank, the skipped
+    zero-advantage rows too). Summed over ranks it is the single-process loss. A rank whose rows carry no signal
+    contributes 0 (its forward and backward still run: they are FSDP2 collectives)."""
     if not has_signal:
         return loss_mat.sum() * 0.0
-    scale = _denominator(mb.mask, agg) / full_denominator
-    return aggregate(loss_mat, mb.mask, agg, horizon) * scale
+    scale = float(aggregate_denominator(mask, agg)) / full_denominator
+    return aggregate(loss_mat, mask, agg, horizon) * scale
 
 
 def _full(x: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (FSDP2's gradient norm), a plain tensor as it is."""
     return x.full_tensor() if hasattr(x, "full_tensor") else x
-
-
-def _denominator(mask: torch.Tensor, mode: str) -> float:
-    """What `aggregate` divides by, so a subset of rows can be normalised as the whole mini-batch."""
-    if mode == "token-mean":
-        return float(mask.sum().clamp(min=1))
-    if mode == "token-sum":
-        return 1.0
-    return float(((mask > 0).sum(1) > 0).sum().clamp(min=1))
-
-
-def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
-    if x is None:
-        return math.nan
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:
-    """Rollout engine (mu) vs trainer (pi, same weights before any update): the training-inference mismatch."""
-    m = mb.mask > 0
-    if not bool(m.any()):
-        return {}
-    log_r = (logp - mb.behavior_logp)[m]
-    p, q = logp.exp()[m], mb.behavior_logp.exp()[m]
-    return {
-        "mismatch/abs_prob_diff_mean": float((p - q).abs().mean()),
-        "mismatch/abs_prob_diff_max": float((p - q).abs().max()),
-        "mismatch/mu_minus_pi_max": float((q - p).max()),
-        "mismatch/mu_minus_pi_min": float((q - p).min()),
-        "mismatch/k1": float((-log_r).mean()),
-        "mismatch/k3": float((torch.expm1(log_r) - log_r).mean()),
-    }
-
-
-def _bad_update_frac(logp: torch.Tensor, mb: TrainBatch) -> float:
-    """Tokens pushed down (A < 0) although pi already sits far below mu: P-DPPO's "bad updates" (Fig. 5)."""
-    m = mb.mask > 0
-    gap = mb.behavior_logp.exp() - logp.exp()
-    return float(((mb.advantages < 0) & (gap > BAD_UPDATE_GAP) & m).sum() / m.sum().clamp(min=1))
 
 
 def _mean_of(rows: list[dict[str, float]]) -> dict[str, float]:

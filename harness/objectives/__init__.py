@@ -6,7 +6,7 @@ out = obj(logp=..., behavior_logp=..., advantages=..., mask=...)
 loss = aggregate(out.loss_mat, mask, mode="seq-mean-token-sum-norm", horizon=max_response_tokens)
 """
 
-from harness.objectives.aggregate import AGG_MODES, aggregate
+from harness.objectives.aggregate import AGG_MODES, aggregate, aggregate_denominator
 from harness.objectives.base import ObjectiveConfig
 from harness.objectives.common import ObjectiveOutput
 from harness.objectives.registry import (
@@ -26,6 +26,7 @@ __all__ = [
     "ObjectiveConfig",
     "ObjectiveOutput",
     "aggregate",
+    "aggregate_denominator",
     "get_objective",
     "objective_config",
     "objective_from_config",

@@ -21,6 +21,15 @@ ANCHORS = ("behavior", "old")
 LOG_RATIO_CLAMP = 20.0
 
 
+class NonFiniteInputError(ValueError):
+    """NaN/inf in inputs where the mask is on; `counts`: each such input's name and its number of tokens."""
+
+    def __init__(self, objective: str, counts: dict[str, int]) -> None:
+        where = ", ".join(f"{name}: {count}" for name, count in counts.items())
+        super().__init__(f"{objective}: non-finite values in unmasked (response) positions ({where} tokens)")
+        self.counts = counts
+
+
 @dataclass(frozen=True)
 class ObjectiveOutput:
     loss_mat: Tensor  # [B, T], 0 where mask == 0, differentiable w.r.t. logp
@@ -45,9 +54,10 @@ class Batch:
         assert out is not None  # prepare() guarantees old_logp when anchor == "old"
         return out
 
-    def log_ratio(self) -> Tensor:
-        """log(pi/mu), detached: the importance ratio is always rollout-anchored (SRL; DPPO Takeaway 2)."""
-        return (self.logp.detach() - self.behavior_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    def log_ratio(self, anchor: str = "behavior") -> Tensor:
+        """log(pi/anchor), detached. The importance ratio is always rollout-anchored (SRL; DPPO Takeaway 2): only
+        a trust region's own test reads the config's anchor."""
+        return (self.logp.detach() - self.anchor_logp(anchor)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
     def ratio(self) -> Tensor:
         return torch.exp(self.log_ratio())
@@ -96,7 +106,8 @@ def prepare(
         _check_shape("topk_behavior_logp", topk_behavior_logp, topk_logp.shape, "topk_logp")
 
     m = mask > 0
-    # One host sync for all inputs: NaN/inf where the mask is on is a bug upstream and must not be trained on.
+    # One host sync for all inputs: NaN/inf where the mask is on must not be trained on. This is the training
+    # loop's check too: it skips the update when the NaN came from the model (harness.loop.step).
     checks = [("logp", logp.detach()), ("behavior_logp", behavior_logp), ("advantages", advantages)]
     if old_logp is not None:
         checks.append(("old_logp", old_logp))
@@ -107,10 +118,9 @@ def prepare(
             [counts, torch.stack([(torch.isnan(t) & mk).sum() for t in (topk_logp, topk_behavior_logp)])]
         )
         checks += [("topk_logp", topk_logp), ("topk_behavior_logp", topk_behavior_logp)]
-    bad = counts.tolist()
-    if any(bad):
-        where = ", ".join(f"{n}: {c}" for (n, _), c in zip(checks, bad, strict=True) if c)
-        raise ValueError(f"{objective}: non-finite values in unmasked (response) positions ({where} tokens)")
+    bad = {name: c for (name, _), c in zip(checks, counts.tolist(), strict=True) if c}
+    if bad:
+        raise NonFiniteInputError(objective, bad)
 
     # At least fp32 (bf16 log-probs would blur the trust region); fp64 inputs stay fp64.
     dtype = torch.promote_types(logp.dtype, torch.float32)

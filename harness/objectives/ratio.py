@@ -46,10 +46,6 @@ class CispoConfig(ObjectiveConfig):
     eps_high: float = field(default=0.28, metadata={"gt": 0, "help": "upper clip of the detached weight"})
 
 
-def _anchor_log_ratio(logp: Tensor, anchor_logp: Tensor) -> Tensor:
-    return (logp.detach() - anchor_logp).clamp(-20.0, 20.0)
-
-
 def pg(*, cfg: PGConfig, **tensors: Tensor | None) -> ObjectiveOutput:
     """c = A * min(r, C)."""
     b = prepare(cfg.name, **tensors, needs_old=False, needs_topk=False)
@@ -59,7 +55,7 @@ def pg(*, cfg: PGConfig, **tensors: Tensor | None) -> ObjectiveOutput:
 
 def _clip_drops(b, cfg: ClipConfig) -> tuple[Tensor, Tensor]:
     """(drop_high, drop_low): the PPO-clip mask in gradient form (P-DPPO Eq. 9), strict inequalities."""
-    r_anchor = torch.exp(_anchor_log_ratio(b.logp, b.anchor_logp(cfg.anchor)))
+    r_anchor = torch.exp(b.log_ratio(cfg.anchor))
     a = b.advantages
     return (a > 0) & (r_anchor > 1 + cfg.eps_high), (a < 0) & (r_anchor < 1 - cfg.eps_low)
 
@@ -91,7 +87,7 @@ def clip_relax(*, cfg: RelaxConfig, **tensors: Tensor | None) -> ObjectiveOutput
 def cispo(*, cfg: CispoConfig, **tensors: Tensor | None) -> ObjectiveOutput:
     """c = A * sg(clip(r, 1 - eps_low, 1 + eps_high)): clipped tokens keep a bounded gradient (MiniMax-M1)."""
     b = prepare(cfg.name, **tensors, needs_old=cfg.needs_old, needs_topk=False)
-    r_anchor = torch.exp(_anchor_log_ratio(b.logp, b.anchor_logp(cfg.anchor)))
+    r_anchor = torch.exp(b.log_ratio(cfg.anchor))
     lo = 0.0 if cfg.eps_low is None else 1 - cfg.eps_low
     weight = torch.clamp(r_anchor, min=lo, max=1 + cfg.eps_high).clamp(max=cfg.is_cap)
     clipped = (r_anchor > 1 + cfg.eps_high) | (r_anchor < lo)

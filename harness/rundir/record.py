@@ -23,6 +23,7 @@ FREE = (
     "trainer.checkpoint_pause_s",
     "trainer.samples_per_eval",
     "trainer.tokens_per_eval",
+    "trainer.bad_update_gap",  # a logged metric's threshold; runs made before the key existed used its default
     "trainer.max_bad_steps",
     "trainer.nan_at_steps",
     "trainer.nan_logits_at_steps",
