@@ -1,5 +1,6 @@
 """Issue 6: every bad configuration fails before any model is built, fast, with one line naming the key and
-what is allowed. A table, so a new check is one row."""
+what is allowed. A table, so a new check is one row. A row is refused by `validate` (the config alone) or by
+`harness.machine.check_files` (the files it names), the two checks run.py makes before any model is built."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from harness.cli.checks import GROUP_NAMES, check_group_options, check_override_keys
 from harness.config import validate
+from harness.machine import check_files
 from tests.test_config import children_cpu_s, composed, run_cli
 
 
@@ -123,7 +125,7 @@ def test_bad_config_fails_fast_in_one_line(tmp_path, overrides, key, allowed):
         overrides = [o.replace(name, make(tmp_path)) if name in o else o for o in overrides]
     start = time.process_time()  # this process's CPU time: what validation costs, whatever else runs
     with pytest.raises(ValueError) as err:
-        validate(composed(*overrides))
+        check_files(validate(composed(*overrides)))
     message = str(err.value)
     assert time.process_time() - start < 5
     assert "\n" not in message and key in message and allowed in message, message
