@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,15 +52,14 @@ class SkipFigure(ValueError):
 
 
 @dataclass(frozen=True)
-class Panel:
-    """One panel: `column` of `data` against the x column, labelled `ylabel`.
+class PanelLook:
+    """How a panel shows `column` against the x column, labelled `ylabel`.
 
     `logy`: a log axis when the values span orders of magnitude; `yscale` forces a scale instead ("log" needs every
     value > 0 and falls back to linear otherwise). `second`: another column drawn dashed in the same arm colours
     (the min beside the max, A < 0 beside A > 0). `title` heads the panel; `hline` draws a reference line there.
     """
 
-    data: pd.DataFrame
     column: str
     ylabel: str
     logy: bool = False
@@ -72,36 +71,31 @@ class Panel:
     @property
     def columns(self) -> list[str]:
         return [self.column] + ([self.second] if self.second else [])
+
+
+@dataclass(frozen=True)
+class Panel(PanelLook):
+    """One panel bound to its frame."""
+
+    data: pd.DataFrame = field(kw_only=True)
 
 
 # --- training curves (metrics.jsonl: one row per run and step) ------------------------------------------------
 
 
 @dataclass(frozen=True)
-class PanelSpec:
-    """One panel of a training-curve figure, before it meets the data (`Panel` is the same, bound to a frame).
+class PanelSpec(PanelLook):
+    """One panel of a training-curve figure, before it meets the data (`bind` makes it a `Panel`).
 
     With `second`, the panel draws `column` solid and `second` dashed, or whichever of the two has values; the
     ylabel gets `sides[0]` when both do, `sides[1]` when only `column` does, `sides[2]` when only `second` does.
     An `optional` panel is drawn beside the others but cannot carry the figure alone: the figure is skipped unless
     a panel that is not optional has values; the skip reason then names their columns (as `named`, where given).
-    `hline`: a reference line at that y (zero mismatch, say).
     """
 
-    column: str
-    ylabel: str
-    logy: bool = False
-    title: str = ""
-    yscale: str | None = None
-    second: str | None = None
     sides: tuple[str, str, str] = ("", "", "")
     optional: bool = False
     named: str = ""
-    hline: float | None = None
-
-    @property
-    def columns(self) -> list[str]:
-        return [self.column] + ([self.second] if self.second else [])
 
     def bind(self, df: pd.DataFrame) -> Panel | None:
         """This panel over `df`'s columns that have values; None when neither has any."""
@@ -109,8 +103,8 @@ class PanelSpec:
         if not (first or second):
             return None
         side = self.sides[0 if first and second else 1 if first else 2]
-        return Panel(df, first or second, self.ylabel + side, self.logy, self.title, self.yscale,
-                     second if first else None, self.hline)  # fmt: skip
+        return Panel(first or second, self.ylabel + side, self.logy, self.title, self.yscale,
+                     second if first else None, self.hline, data=df)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -212,7 +206,7 @@ def fig_eval_curves(
     """Eval score (avg@k) vs step, one panel per benchmark, or per `acc/<kind>` of an AIME-style benchmark (AIME24
     and AIME25 apart, P-DPPO Fig. 1, 3, 8-9, 11), DRPO main figure."""
     score = _score(evals, score)
-    panels = [Panel(sub, col, f"{head} {score}", title=head if col != score else "")
+    panels = [Panel(col, f"{head} {score}", title=head if col != score else "", data=sub)
               for head, col, sub in _eval_panels(evals, score)]  # fmt: skip
     return _curves(panels, arms=arms, x="step", smooth=1, title=_title(title, f"evaluation {score}"))
 

@@ -371,7 +371,7 @@ def fig_masked_token_curves(tokens: pd.DataFrame, *, arms: Sequence[str] | None 
         ("tokens/masked_mu_mean", "μ of masked tokens (mean)", True),
         ("tokens/masked_entropy_mean", "entropy of masked tokens (nats)", False),
     ]
-    panels = [Panel(stats, col, lab, logy) for col, lab, logy in specs if stats[col].notna().any()]
+    panels = [Panel(col, lab, logy, data=stats) for col, lab, logy in specs if stats[col].notna().any()]
     if not panels:
         raise SkipFigure("no masked or clipped tokens in tokens.parquet")
     return _curves(panels, arms=arms, x="step", smooth=1, title=_title(title, "masked tokens over training"))
