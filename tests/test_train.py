@@ -13,6 +13,9 @@ from harness.loop.train import train
 from harness.objectives import OBJECTIVE_NAMES
 from tests.conftest import FAST_TRAINER, compose, wandb_run_record
 
+# Every test trains the small model.
+pytestmark = pytest.mark.slow
+
 
 def run(tmp_path, *overrides: str, name: str = "run") -> tuple[dict, object]:
     raw = compose(*overrides)
