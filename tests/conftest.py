@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
     starts its workers: otherwise each worker would build it at the same time, on the same two cores."""
     if hasattr(config, "workerinput") or config.option.collectonly or config.getoption("-n", None) in (None, 0):
         return
+    if "not slow" in (config.option.markexpr or ""):  # the fast tier (make test-fast) uses no built model
+        return
     from harness.config import validate
     from harness.loop.model_path import model_dir
 
@@ -66,9 +70,91 @@ HEAVY_FIRST = (
 )
 
 
+# Fixtures that build the small model or start runs: a test that uses one (directly or through another fixture) is
+# `slow` whatever its file says, so `make test-fast` never waits on a model build.
+SLOW_FIXTURES = ("small_model",)
+
+
+# tryfirst: the marks added here must be in place before `-m` deselects (pytest's own hook of this name).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in SLOW_FIXTURES):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+# ---------------------------------------------------------------- the fast tier starts no Python process
+# A Python child costs an interpreter start and its imports (torch: seconds) before it does anything, and run.py adds
+# a model build and training on top: the unit tier (`-m "not slow"`) runs in this process. An audit hook sees what
+# subprocess, os.system, os.posix_spawn and os.exec* start, whoever calls them, without replacing anything; while a
+# test not marked slow runs, it refuses a Python interpreter, torchrun or a command line naming run.py, and fails the
+# test. The reward grader's worker is the one exception: grading in a separate, killable process is what
+# test_rewards tests (the worker imports math-verify, not torch). multiprocessing's spawn and joblib's loky start
+# Python through _posixsubprocess, which raises no audit event: their tests carry the mark by hand.
+_LAUNCH_EVENTS = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn"}
+_PYTHON = re.compile(r"(^|[\s/])(python[\d.]*|torchrun)(\s|$)|\brun\.py\b")
+_fast_test: str | None = None  # the node id of the running test that is not marked slow
+_refusal: BaseException | None = None  # the failure the audit hook raised in it
+
+
+def _command_line(event: str, args: tuple) -> list[str]:
+    if event == "os.system":
+        return [os.fsdecode(args[0])]
+    program, argv = args[1:3] if event == "os.spawn" else args[:2]
+    argv = [argv] if isinstance(argv, str | bytes | os.PathLike) else list(argv or ())
+    words = [os.fsdecode(a) for a in argv]
+    return words if program is None or words[:1] == [os.fsdecode(program)] else [os.fsdecode(program), *words]
+
+
+def _no_python_in_fast_tests(event: str, args: tuple) -> None:
+    global _refusal
+    if _fast_test is None or event not in _LAUNCH_EVENTS:
+        return
+    words = _command_line(event, args)
+    if not any(_PYTHON.search(w) for w in words):
+        return
+    from harness.grading import _WORKER_CODE
+
+    if _WORKER_CODE in words:
+        return
+    command = " ".join(words)[:300]
+    _refusal = pytest.fail.Exception(
+        f"{_fast_test} is not marked slow but started `{command}`: mark it `slow` (make test runs it), or test the "
+        "code in this process",
+        pytrace=False,
+    )
+    raise _refusal
+
+
+sys.addaudithook(_no_python_in_fast_tests)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Setup, call and teardown of one test, its module- and session-scoped fixtures included."""
+    global _fast_test, _refusal
+    _fast_test, _refusal = (None if item.get_closest_marker("slow") else item.nodeid), None
+    try:
+        return (yield)
+    finally:
+        _fast_test = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """The refusal is raised inside the launching call, but a test that catches it, or launches from another thread
+    (pytest only warns about a thread's exception), would pass or fail on its own assertions instead."""
+    try:
+        result = yield
+    except BaseException as e:
+        if _refusal is None or e is _refusal:
+            raise
+        raise _refusal from None
+    if _refusal is not None:
+        raise _refusal
+    return result
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -281,6 +281,7 @@ def test_table_matches_hand_means(roots: tuple[Path, Path]) -> None:
 # --- the command ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts python -m analysis
 def test_cli_writes_every_experiment(
     roots: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -717,6 +718,7 @@ def test_clipped_token_table_sums_an_arms_runs(tmp_path: Path) -> None:
     assert '| 1 | "\\|" | 9 | 3 | 3 | 1.000 | 1 |' in md  # a pipe in a token does not break the table
 
 
+@pytest.mark.slow  # every paper figure: over 3 s of CPU
 def test_cli_writes_the_paper_figure_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     steps = list(range(1, 6))
     for obj in ("grpo", "dppo"):

@@ -180,6 +180,7 @@ def test_the_key_check_refuses_nothing_hydra_composes(argv):
     check_override_keys(argv)
 
 
+@pytest.mark.slow  # starts run.py
 def test_cli_refuses_an_unknown_key_in_one_line_before_any_folder_is_made(tmp_path):
     res = run_cli("trainer.lrr=1", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()], res.stderr
@@ -187,6 +188,7 @@ def test_cli_refuses_an_unknown_key_in_one_line_before_any_folder_is_made(tmp_pa
     assert "Could not override" not in res.stderr and not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow  # starts run.py
 def test_cli_rejects_a_bad_precision_model_pair_before_loading_anything(tmp_path):
     start = children_cpu_s()
     res = run_cli("precision=fp8_e2e", f"model.path={gpt2_folder(tmp_path)}", f"hydra.run.dir={tmp_path / 'run'}",
@@ -197,6 +199,7 @@ def test_cli_rejects_a_bad_precision_model_pair_before_loading_anything(tmp_path
     assert children_cpu_s() - start < 30  # CPU s: interpreter + torch import included; no model, no engine
 
 
+@pytest.mark.slow  # starts run.py
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_cli_rejects_cuda_on_a_machine_without_it_before_loading_anything(tmp_path):
     res = run_cli("device=cuda", "rollout.tensor_parallel_size=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -206,6 +209,7 @@ def test_cli_rejects_cuda_on_a_machine_without_it_before_loading_anything(tmp_pa
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.slow  # starts run.py
 def test_cli_refuses_values_that_used_to_fail_after_the_model_loaded(tmp_path):
     """trainer.max_new_tokens beyond the context and lr=inf: one line, exit 2, before any model or engine."""
     for bad, message in (
@@ -221,6 +225,7 @@ def test_cli_refuses_values_that_used_to_fail_after_the_model_loaded(tmp_path):
         assert children_cpu_s() - start < 30
 
 
+@pytest.mark.slow  # starts run.py
 def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):
     """mode=eval with a hub benchmark (benchmark.path=HuggingFaceH4/aime_2024; the default reads the repository's
     data/aime/) and no network ends like training does: exit 2 and one line (not datasets' retries and a
@@ -248,6 +253,7 @@ def test_eval_mode_without_network_or_benchmark_path_is_one_line(tmp_path):
     assert summary["status"] == "failed" and summary["error"] == res.stderr.strip().removeprefix("error: ")
 
 
+@pytest.mark.slow  # starts run.py
 def test_training_prompts_that_cannot_fit_fail_before_the_model_loads(tmp_path, small_model):
     """A training prompt longer than model.max_model_len - trainer.max_new_tokens used to crash the step that
     sampled it; now the run does not start, and the message says how to drop such prompts."""
@@ -261,6 +267,7 @@ def test_training_prompts_that_cannot_fit_fail_before_the_model_loads(tmp_path, 
     assert "set data.max_prompt_tokens=" in res.stderr
 
 
+@pytest.mark.slow  # starts run.py
 def test_a_malformed_data_file_fails_before_the_tiny_model_is_built(tmp_path):
     """A training or benchmark file whose rows lack the fields: one line and exit 2 before the tiny model's first
     build (minutes on 2 cores): on an empty model cache nothing is built."""

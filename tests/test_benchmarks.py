@@ -150,6 +150,7 @@ def test_bad_benchmark_configs_fail_with_one_line():
         assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_hub_name_without_network_says_to_pass_a_local_file():
     # A fresh interpreter, so the offline switches are read at import; they also keep the test off the network.
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

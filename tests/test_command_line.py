@@ -11,6 +11,9 @@ import pytest
 from harness.loop.job import PLAN_PREFIX
 from tests.test_config import run_cli
 
+# Every test starts run.py, as a user types the command line.
+pytestmark = pytest.mark.slow
+
 
 def test_cfg_job_works_with_overrides_before_and_nested_experiments(tmp_path):
     for args, expected in (

@@ -36,7 +36,11 @@ def test_default_composes_and_validates():
     assert run.objective.eps_high == 0.28 and run.trainer.minibatches == 4 and run.trainer.advantage == "drgrpo"
 
 
-@pytest.mark.parametrize("group", ["model", "precision", "objective", "rollout", "data", "benchmark", "logger"])
+# Every objective preset through Hydra: seconds of composition, more than one unit test may take.
+SLOW_OBJECTIVES = pytest.param("objective", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("group", ["model", "precision", SLOW_OBJECTIVES, "rollout", "data", "benchmark", "logger"])
 def test_every_group_option_composes(group):
     for path in sorted((ROOT / "conf" / group).glob("*.yaml")):
         # RLHF prompt sets have no answers: they are scored by a reward model, not math-verify.
@@ -86,6 +90,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # starts run.py
 def test_cli_unknown_option_and_bad_value_one_line(tmp_path):
     cpu0 = children_cpu_s()
     res = run_cli("objective=dpo", cwd=tmp_path)

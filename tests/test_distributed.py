@@ -18,6 +18,9 @@ from safetensors.torch import load_file
 
 from tests.conftest import FAST_TRAINER, ROOT
 
+# Every test starts torchrun or run.py processes.
+pytestmark = pytest.mark.slow
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
@@ -59,7 +62,6 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
 def test_run_py_under_torchrun_matches_one_process_and_resumes_across_world_sizes(tmp_path, small_model):
     args = [
         str(ROOT / "run.py"), *small_model, *FAST_TRAINER, "rollout=hf", "objective=dppo", "trainer.minibatches=1",

@@ -19,6 +19,9 @@ from harness.machine import check_files
 from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose
 
+# Every test evaluates the small model (built, trained a step, or run through run.py).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 AIME24 = ROOT / "data" / "aime" / "aime24.jsonl"  # the copy in this repository (data/aime/README.md)
 AIME25 = AIME24.with_name("aime25.jsonl")
@@ -138,7 +141,6 @@ def test_training_evaluates_on_aime_without_code_changes(tmp_path, small_model, 
         assert [r["id"] for r in e["problems"]] == ["2024-I-1", "2025-I-1", "2024-I-2", "2025-I-2"]
 
 
-@pytest.mark.slow
 def test_run_py_mode_eval(tmp_path, small_model):
     args = [*small_model, *EVAL, "benchmark.max_problems=6", "eval.n=2", f"hydra.run.dir={tmp_path / 'out'}"]
     res = subprocess.run(
@@ -150,7 +152,6 @@ def test_run_py_mode_eval(tmp_path, small_model):
     assert record["benchmark"] == "arith" and len(record["problems"]) == 6
 
 
-@pytest.mark.slow
 def test_eval_of_a_run_directory_with_vllm(tmp_path, trained_run):
     # vLLM takes the checkpoint through its own weight loader (tied head included); the HF test above checks
     # the weights are the trained ones, this one that the vLLM path runs.

@@ -112,6 +112,7 @@ def test_experiments_are_found_and_paired():
     assert (ROOT / "conf" / "experiment").resolve() == (ROOT / "experiments").resolve()
 
 
+@pytest.mark.slow  # every arm of every experiment through Hydra: seconds of composition per experiment
 @pytest.mark.parametrize("name", FULL)
 def test_full_scale_arms_are_valid_runs(name):
     runs = {arm: arm_run(name, arm) for arm in arms(name)}
@@ -144,6 +145,7 @@ def mini_arm(arm: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+@pytest.mark.slow  # every arm of every experiment through Hydra: seconds of composition per experiment
 @pytest.mark.parametrize("name", FULL)
 def test_mini_twin_runs_the_same_arms_on_cpu(name):
     mini = f"mini_{name}"
@@ -184,6 +186,7 @@ def mini_run_seconds(run: RunConfig) -> float:
     return RUN_SETUP_S + samples * SAMPLE_S * step_x + evals * (run.benchmark.max_problems or 600) * PROBLEM_S * eval_x
 
 
+@pytest.mark.slow  # composes every mini twin's arms
 def test_mini_repro_fits_in_30_minutes_on_2_cores():
     """make mini-repro runs every mini twin, two one-thread jobs at a time: its estimated wall time must stay well
     under the issue's 30 minutes, so that `make figures` (and a margin for a busier machine) fits too."""
@@ -238,6 +241,7 @@ def test_lora_and_rlhf_experiments_carry_the_papers_values():
     assert {r.data.template for r in rlhf} == {"chat"}
 
 
+@pytest.mark.slow  # composes ~40 arms of six experiments
 def test_arm_values_reach_the_objective():
     fig5 = "dppo_fig5_bad_updates"
     by_arm = {arm[0].split("=", 1)[1]: arm_run(fig5, arm).objective for arm in arms(fig5)}

@@ -409,6 +409,7 @@ def test_a_replication_runs_new_seeds_in_its_own_folder_and_never_pools_them(tmp
         suite_mod.main(["--suite", str(path), "--report-only", "--claims", "7"])
 
 
+@pytest.mark.slow  # starts run.py
 def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, capsys):
     """A real run.py process refused on a bad override (no run directory, no summary.json): the progress line
     says failed, FINDINGS.md carries run.py's one-line error from the run's log, the suite exits non-zero, and a
@@ -429,6 +430,7 @@ def test_a_run_that_run_py_refuses_is_reported_failed_with_its_error(tmp_path, c
 SUITE_FILES = sorted((Path(__file__).resolve().parents[1] / "findings").rglob("suite.yaml"))
 
 
+@pytest.mark.slow  # composes every arm of every suite file
 @pytest.mark.parametrize("path", SUITE_FILES, ids=lambda p: str(p.parent.name))
 def test_every_arm_of_every_committed_suite_file_is_a_valid_run(path):
     """Each arm's overrides, on its suite's base, compose with Hydra and pass the run config's checks, so an arm of
@@ -441,6 +443,7 @@ def test_every_arm_of_every_committed_suite_file_is_a_valid_run(path):
         assert run.objective.name == next(o for o in overrides if o.startswith("objective=")).split("=")[1], arm
 
 
+@pytest.mark.slow  # two suites' reports and figures: over 3 s of CPU
 def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_report(tmp_path, capsys):
     """An opt-in suite inherits the base, seeds and arms, adds an arm, decides its own claims on the shared run
     folder's runs (arm a's are the suite's own), and the suite's FINDINGS.md names it; bad files fail in one line."""
@@ -498,6 +501,7 @@ def test_an_optin_suite_extends_the_suite_shares_its_runs_and_is_named_in_its_re
     assert "findings:" not in capsys.readouterr().out  # no run was started
 
 
+@pytest.mark.slow  # starts run.py
 def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_files(tmp_path, capsys):
     """A completed run whose `.hydra/overrides.yaml` differs from what the suite file asks (the file edited after
     its runs) is reported failed, saying how it differs, and a pass runs it again (a real run.py, refused here
@@ -530,6 +534,7 @@ def test_a_run_made_with_other_settings_is_stale_not_passed_off_as_the_suite_fil
     assert "objective=nope is not an option" in (run_dir.parent / "seed0.log").read_text()
 
 
+@pytest.mark.slow  # starts run.py
 def test_a_run_made_over_other_defaults_is_stale(tmp_path):
     """The same overrides over edited defaults (conf/'s YAML or the schemas') are another setting: a completed run
     whose composed config differs from what its overrides compose to now is stale, named by key; the config
@@ -567,6 +572,7 @@ def test_a_run_made_over_other_defaults_is_stale(tmp_path):
     assert "stale: made with trainer.lr=" in doc["by_id"][1]["arms"]["a"]["failed"][0]["error"]
 
 
+@pytest.mark.slow  # starts run.py
 def test_a_run_another_suite_process_holds_is_left_to_it(tmp_path, capsys):
     """Two suites on one run folder (`runs:`): a job another live process has claimed is not started again
     (which would first delete the directory that process writes); it counts as not run yet, and once the lock is
@@ -630,6 +636,7 @@ def test_report_only_beside_a_live_run_counts_it_not_run_and_a_dead_one_failed(t
     assert dead["failed_runs"] == 1 and dead["runs_not_run"] == 0 and dead["exit_code"] == 1
 
 
+@pytest.mark.slow  # starts run.py
 def test_report_only_counts_a_run_in_its_first_seconds_not_run(tmp_path):
     """Before run.py takes its run directory's lock (imports, config checks) only the suite's log of the run
     exists; the suite holds its claim on the run until it ends, so a report beside it reads the run as unfinished. Here

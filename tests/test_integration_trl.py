@@ -70,6 +70,7 @@ class Recording(TrustRegionGRPOTrainer):
         return loss
 
 
+@pytest.mark.slow  # TRL trains the small model
 @pytest.mark.parametrize("name", ["dppo", "drpo"])
 def test_trl_trains_with_our_objective_and_its_loss_is_ours(tmp_path, model_path, name):
     tokenizer = AutoTokenizer.from_pretrained(model_path)

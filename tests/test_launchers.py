@@ -44,6 +44,7 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # starts run.py
 def test_a_sweep_in_its_default_stamped_folder_keeps_every_job_in_it_and_counts_them(tmp_path, small_model):
     """The default sweep directory is outputs/<name>/<start time>: every job goes under that one folder, however
     many seconds later it starts, and the progress lines and the end-of-sweep report count them (with the stamp
@@ -59,6 +60,7 @@ def test_a_sweep_in_its_default_stamped_folder_keeps_every_job_in_it_and_counts_
     assert last_line(res.stderr).startswith(f"sweep: 1 of 2 jobs failed under outputs/default/{sweep.name}: ")
 
 
+@pytest.mark.slow  # starts run.py
 def test_basic_sweep_runs_every_job_and_exits_with_the_number_failed(tmp_path, small_model):
     # A failed run left by an earlier sweep into the same directory: it must not be counted again.
     stale = tmp_path / "sweep" / "objective.delta=-9"
@@ -98,6 +100,7 @@ def test_basic_sweep_runs_every_job_and_exits_with_the_number_failed(tmp_path, s
     assert "objective.delta: must be > 0, got -1.0" in res.stderr  # each failure also has its own stderr line
 
 
+@pytest.mark.slow  # starts run.py
 def test_joblib_sweep_isolates_a_failed_job(tmp_path, small_model):
     # No trainer.threads here: each job must take its thread count from the launcher (OMP_NUM_THREADS).
     fast = [o for o in FAST_TRAINER if not o.startswith("trainer.threads=")]
@@ -123,6 +126,7 @@ def test_joblib_sweep_isolates_a_failed_job(tmp_path, small_model):
     assert failed["objective"] == "dppo" and "harness/loop/state.py" in failed["traceback"]
 
 
+@pytest.mark.slow  # starts joblib's worker processes
 def test_joblib_workers_get_one_thread_each(monkeypatch):
     """The joblib test above relies on this: loky gives each of n_jobs=-1 workers cores // n_jobs = 1 thread
     (unless the caller's own OMP_NUM_THREADS, which loky passes on, says otherwise)."""
@@ -144,6 +148,7 @@ def test_threads_from_env(monkeypatch, value, threads):
     assert threads_from_env() == threads
 
 
+@pytest.mark.slow  # starts run.py
 def test_single_run_still_exits_2_with_one_line_and_records_the_traceback(tmp_path):
     res = run_py(tmp_path, "objective=dppo", "objective.delta=-1", f"hydra.run.dir={tmp_path / 'run'}")
     assert res.returncode == 2
@@ -186,6 +191,7 @@ def test_slurm_config_has_exactly_the_plugins_fields():
     assert set(launcher_config("hydra/launcher=slurm")) == {f.name for f in dataclasses.fields(SlurmQueueConf)}
 
 
+@pytest.mark.slow  # starts run.py
 def test_slurm_launcher_gets_as_far_as_looking_for_slurm(tmp_path):
     if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
         pytest.skip("hydra-submitit-launcher is not installed")

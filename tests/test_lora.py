@@ -137,6 +137,7 @@ def test_config_time_targets_match_the_built_model(kind):
 # ---------------------------------------------------------------- a real run: the loop trains the adapters only
 
 
+@pytest.mark.slow  # trains the small model
 def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, small_model, monkeypatch):
     from safetensors.torch import load_file
 

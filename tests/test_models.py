@@ -34,6 +34,7 @@ def built(tmp_path_factory) -> Path:
     return build_tiny(SMALL, TASK, tmp_path_factory.mktemp("cache"), progress=False)
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_build_caches_atomically(built: Path):
     assert built == tiny_model_dir(SMALL, TASK, built.parent) and built.name.startswith("tiny-")
     # No temp folder left behind; the builders' lock file stays (removing it would race a waiter).
@@ -48,6 +49,7 @@ def test_build_caches_atomically(built: Path):
     assert tiny_model_dir(SMALL, ArithConfig(), built.parent) != built
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_a_second_builder_waits_for_the_first_and_reuses_its_model(built: Path, tmp_path: Path):
     """Two runs starting on an empty cache (the findings suite's first two jobs): the one that finds the build
     lock held starts nothing of its own, and returns the model the holder leaves."""
@@ -72,6 +74,7 @@ def test_a_second_builder_waits_for_the_first_and_reuses_its_model(built: Path, 
     assert (final / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_a_killed_builders_half_written_folder_is_removed_by_the_next_build(tmp_path: Path):
     """A builder killed mid-build (SIGTERM, OOM) leaves its temp folder; the next builder, holding the lock,
     knows no one else is building and removes it."""
@@ -83,6 +86,7 @@ def test_a_killed_builders_half_written_folder_is_removed_by_the_next_build(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, f".{final.name}.lock"])
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_reload_restores_every_weight(built: Path):
     saved = load_file(built / "model.safetensors")
     model, tokenizer = load_policy(str(built))
@@ -97,6 +101,7 @@ def test_reload_restores_every_weight(built: Path):
         assert torch.equal(model(**ids).logits, again(**ids).logits)
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_build_is_deterministic(built: Path, tmp_path: Path):
     other = build_tiny(SMALL, TASK, tmp_path, progress=False)
     a, b = load_file(built / "model.safetensors"), load_file(other / "model.safetensors")
@@ -108,6 +113,7 @@ def test_build_is_deterministic(built: Path, tmp_path: Path):
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_unused_tokens_are_a_tail_the_warm_start_pushes_down(built: Path, tmp_path: Path):
     """model.unused_tokens appends tokens no task string contains: the vocabulary grows by exactly that many, a
     sampled one stays in the decoded text (where it spoils the answer), and SFT takes probability away from them.
@@ -161,6 +167,7 @@ def test_the_build_inputs_match_the_build_version():
     )
 
 
+@pytest.mark.slow  # builds a tiny model
 def test_chat_template_and_special_tokens(built: Path):
     model, tok = load_policy(str(built))
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token, tok.pad_token_id) == ("<|end|>", 0, "<|pad|>", 3)

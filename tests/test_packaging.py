@@ -15,6 +15,8 @@ import zipfile
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "harness" / "objectives" / "presets").glob("*.yaml"))
 
@@ -48,6 +50,7 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group()).lower()
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_wheel_installs_with_every_preset(tmp_path):
     # Built from a copy of the package: an in-tree build leaves build/ and an .egg-info in the checkout.
     src, dist, site, elsewhere = (tmp_path / d for d in ("src", "dist", "site", "elsewhere"))

@@ -75,6 +75,7 @@ def test_every_full_scale_experiment_has_paper_values():
     assert set(VALUES["experiments"]) == set(FULL)
 
 
+@pytest.mark.slow  # plans every arm of every experiment (test_experiments' compositions)
 @pytest.mark.parametrize("name", FULL)
 def test_planned_jobs_carry_the_paper_values(name):
     want, got = expected_arms(name), planned(name)
@@ -84,6 +85,7 @@ def test_planned_jobs_carry_the_paper_values(name):
         assert not wrong, f"{name} [{arm}]: (planned, paper) = {wrong}"
 
 
+@pytest.mark.slow  # starts run.py
 def test_run_py_plan_prints_one_line_per_job_and_builds_nothing(tmp_path):
     name = "dppo_fig3_sanity"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # trainer.threads stays null, as in-process

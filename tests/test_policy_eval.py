@@ -17,8 +17,6 @@ from harness.loop.train import train
 from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose
 
-pytestmark = pytest.mark.slow
-
 
 def evals(run_dir: Path, small_model: list[str], *overrides: str) -> list[dict]:
     raw = compose(*small_model, *FAST_TRAINER, "rollout=hf", "trainer.total_steps=1", "eval.n=2", *overrides)
@@ -26,6 +24,7 @@ def evals(run_dir: Path, small_model: list[str], *overrides: str) -> list[dict]:
     return [{k: r[k] for k in ("step", "avg@2", "problems")} for r in read_jsonl(run_dir / "eval.jsonl")]
 
 
+@pytest.mark.slow  # trains the small model
 def test_the_policy_evaluates_the_same_whatever_the_rollout_dose(tmp_path, small_model):
     clean = evals(tmp_path / "clean", small_model, "precision=fp32", "eval.engine=policy")
     # With an fp32 rollout copy and no noise the rollout engine is the policy: both engines give every sample alike.

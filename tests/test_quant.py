@@ -44,6 +44,7 @@ def test_quantized_copy_keeps_names_and_rounds_inputs() -> None:
     assert 0 < (out - ref).abs().max() < 1.0
 
 
+@pytest.mark.slow  # ~20 Hydra compositions: over 3 s of CPU
 def test_precision_table_and_engine_check() -> None:
     spec = precision.get("w4a4_rollout")
     assert spec.train_autocast is None and spec.rollout_dtype == torch.float32 and not spec.rollout_fp8

@@ -133,6 +133,7 @@ def test_multi_turn_prompts_go_through_the_chat_template(tokenizer):
     ]
 
 
+@pytest.mark.slow  # trains the small model
 def test_rlhf_run_trains_on_reward_model_scores_and_reports_rm_score(tmp_path, small_model, monkeypatch):
     from harness.config import validate
     from harness.loop.train import train

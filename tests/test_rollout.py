@@ -177,6 +177,7 @@ def test_call_seed_is_deterministic_and_distinct() -> None:
 
 
 # --- both engines: contract, parity with the trainer, sync, seeds ---
+@pytest.mark.slow  # a rollout engine
 def test_contract(engine, hf_engine: HFEngine) -> None:
     ro = engine.generate(PROMPTS, n=N, max_new_tokens=MAX_NEW, topk=K, seed=1)
     check_contract(ro, PROMPTS, N, MAX_NEW, K, hf_engine.tokenizer)
@@ -185,12 +186,14 @@ def test_contract(engine, hf_engine: HFEngine) -> None:
     assert bool((ro1.topk_ids[..., 0] == ro1.response_ids)[ro1.mask.bool()].all())
 
 
+@pytest.mark.slow  # a rollout engine
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_trainer_forward(engine, trainer: Qwen3ForCausalLM, temperature: float) -> None:
     ro = engine.generate(PROMPTS, n=N, max_new_tokens=MAX_NEW, topk=K, temperature=temperature, seed=2)
     assert max_parity_error(ro, trainer, temperature) < TOL
 
 
+@pytest.mark.slow  # a rollout engine
 def test_topk_20(engine) -> None:
     ro = engine.generate(PROMPTS[:2], n=2, max_new_tokens=8, topk=20, seed=3)
     assert ro.topk_ids.shape[-1] == 20
@@ -200,6 +203,7 @@ def test_topk_20(engine) -> None:
     assert bool((ro.topk_ids == ro.response_ids.unsqueeze(-1)).any(-1)[valid].all())
 
 
+@pytest.mark.slow  # a rollout engine
 def test_seeded_sampling_is_reproducible(engine) -> None:
     a = engine.generate(PROMPTS, n=N, max_new_tokens=MAX_NEW, seed=5)
     b = engine.generate(PROMPTS, n=N, max_new_tokens=MAX_NEW, seed=5)
@@ -220,6 +224,7 @@ class _Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.slow  # a rollout engine
 def test_progress_bar_only_on_a_terminal_and_changes_no_sample(
     engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -236,6 +241,7 @@ def test_progress_bar_only_on_a_terminal_and_changes_no_sample(
     assert drawn.startswith(f"\r{label}:   0%|") and re.search(done, drawn), drawn
 
 
+@pytest.mark.slow  # a rollout engine
 def test_unseeded_calls_follow_the_engine_seed(model_dir: str) -> None:
     first = make_engine("hf", model_dir, "fp32", seed=11, max_model_len=128)
     second = make_engine("hf", model_dir, "fp32", seed=11, max_model_len=128)
@@ -245,6 +251,7 @@ def test_unseeded_calls_follow_the_engine_seed(model_dir: str) -> None:
     assert not torch.equal(a1.response_ids, a2.response_ids)
 
 
+@pytest.mark.slow  # a rollout engine
 def test_sampling_leaves_global_rng_alone(engine) -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
@@ -253,6 +260,7 @@ def test_sampling_leaves_global_rng_alone(engine) -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.slow  # a rollout engine
 def test_sync_weights(engine, trainer: Qwen3ForCausalLM) -> None:
     moved = Qwen3ForCausalLM(trainer.config).eval()
     moved.load_state_dict(trainer.state_dict())
@@ -301,11 +309,13 @@ def _direct_equals_reload(engine, trainer: torch.nn.Module) -> None:
     assert not torch.allclose(scored, by_direct.behavior_logp, atol=1e-2)  # the engine really moved back
 
 
+@pytest.mark.slow  # a rollout engine
 def test_vllm_direct_sync_equals_reload(vllm_engine, trainer: Qwen3ForCausalLM) -> None:
     # tied head, vocabulary padded by vLLM (290 -> 320 rows), fused q/k/v and gate/up
     _direct_equals_reload(vllm_engine, trainer)
 
 
+@pytest.mark.slow  # a rollout engine
 def test_direct_sync_plan_names_what_it_cannot_cover(vllm_engine, trainer: Qwen3ForCausalLM) -> None:
     from harness.rollout.vllm_cpu_weights import CPUWeightWriter
 
@@ -326,6 +336,7 @@ def test_direct_sync_plan_names_what_it_cannot_cover(vllm_engine, trainer: Qwen3
     )
 
 
+@pytest.mark.slow  # a rollout engine
 def test_score_matches_sampling_logprobs(engine) -> None:
     assert isinstance(engine, ScoringEngine)
     ro = engine.generate(PROMPTS, n=2, max_new_tokens=MAX_NEW, seed=10)
@@ -334,11 +345,13 @@ def test_score_matches_sampling_logprobs(engine) -> None:
     assert torch.allclose(scored, ro.behavior_logp, atol=TOL)
 
 
+@pytest.mark.slow  # a rollout engine
 def test_engines_agree_on_the_same_tokens(hf_engine: HFEngine, vllm_engine) -> None:
     ro = vllm_engine.generate(PROMPTS, n=2, max_new_tokens=MAX_NEW, seed=12)
     assert torch.allclose(hf_engine.score(ro.prompt_ids, responses(ro)), ro.behavior_logp, atol=TOL)
 
 
+@pytest.mark.slow  # a rollout engine
 @pytest.mark.parametrize(
     "kwargs",
     [{"n": 0}, {"max_new_tokens": 0}, {"topk": 0}, {"topk": 21}, {"temperature": 0.0}, {"max_new_tokens": 125}],
@@ -350,6 +363,7 @@ def test_bad_generate_arguments(engine, kwargs: dict) -> None:
 
 
 # --- precision: the engine copy's dtype and fp8 weights create the mismatch ---
+@pytest.mark.slow  # a rollout engine
 def test_mismatch_grows_fp32_bf16_fp8(model_dir: str, hf_engine: HFEngine, trainer: Qwen3ForCausalLM) -> None:
     ro = hf_engine.generate(PROMPTS, n=4, max_new_tokens=MAX_NEW, seed=13)
     valid = ro.mask.bool()
@@ -374,6 +388,7 @@ def test_unknown_engine_or_precision(model_dir: str) -> None:
         make_engine("hf", model_dir, "fp16", seed=0, max_model_len=128)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_importing_the_harness_does_not_import_vllm() -> None:
     code = "import sys, harness.rollout, harness.precision; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

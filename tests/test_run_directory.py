@@ -22,6 +22,9 @@ from harness.rundir.lock import RunDirBusy, RunDirLock, holder
 from tests.conftest import FAST_TRAINER, ROOT
 from tests.test_config import children_cpu_s, run_cli
 
+# Every test starts Python processes: run.py on the small model, a second lock holder, a Hydra app.
+pytestmark = pytest.mark.slow
+
 
 def base(run_dir: Path, small_model: list[str], *extra: str) -> list[str]:
     """A 2-step grpo run into `run_dir`; `extra` may set any key again (one value per key: Hydra's rule)."""

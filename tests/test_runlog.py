@@ -198,6 +198,7 @@ def test_wandb_mode_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_wandb_mode(WandbSettings())
 
 
+@pytest.mark.slow  # starts W&B's service process, which a busy machine can keep past the init guard
 def test_wandb_offline_run_lives_inside_the_run_dir(tmp_path: Path) -> None:
     cfg = WandbSettings(mode="offline", group="g", name="n", job_type="train", tags=["t"], config={"objective": "dppo"})
     run = RunLog(tmp_path, cfg, {"objective": {"name": "dppo"}, "seed": 1}, resume=False)
@@ -288,6 +289,7 @@ def run_online(tmp_path: Path, key: str, hang: bool, timeout_s: float) -> tuple[
     return elapsed, total, proc.stderr
 
 
+@pytest.mark.slow  # starts a Python process per case
 @pytest.mark.parametrize("key", ["dummy", "0123456789" * 4])
 def test_wandb_online_without_network_warns_once_and_logs_locally(tmp_path: Path, key: str) -> None:
     # "dummy" is refused by wandb at once (keys have 40+ characters); a well-formed key gets as far as
@@ -298,6 +300,7 @@ def test_wandb_online_without_network_warns_once_and_logs_locally(tmp_path: Path
     assert elapsed < 30 and total < 30
 
 
+@pytest.mark.slow  # starts a Python process per case
 def test_wandb_init_hang_is_cut_off_by_the_guard(tmp_path: Path) -> None:
     # A server that never answers: wandb's account lookup alone waits ~10 s before init_timeout starts, so
     # the thread guard (init_timeout_s + grace, here 1 + 1 s) is what returns control to training.

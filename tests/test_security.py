@@ -47,6 +47,7 @@ def test_the_code_never_instantiates_or_evaluates_config_values():
     assert not offenders, offenders
 
 
+@pytest.mark.slow  # trains the small model
 def test_the_wandb_key_never_reaches_the_run_directory(tmp_path, small_model, monkeypatch):
     from harness.loop.train import train
 

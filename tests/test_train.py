@@ -15,6 +15,9 @@ from harness.objectives import AGG_MODES, OBJECTIVE_NAMES, aggregate, aggregate_
 from harness.rundir.files import read_jsonl
 from tests.conftest import FAST_TRAINER, compose, wandb_run_record
 
+# Every test trains the small model.
+pytestmark = pytest.mark.slow
+
 
 def run(tmp_path, *overrides: str, name: str = "run") -> tuple[dict, object]:
     raw = compose(*overrides)

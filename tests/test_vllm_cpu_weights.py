@@ -15,6 +15,8 @@ import torch
 from harness.rollout import make_engine
 from tests.test_rollout import EOS, PAD, _direct_equals_reload, build_tiny_model
 
+pytestmark = pytest.mark.slow  # a vLLM engine
+
 
 def test_vllm_direct_sync_qwen2_biases_untied_head(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
