@@ -1,7 +1,9 @@
 """Entry point: `python run.py [group=option ...] [key=value ...]`, or `-m` for a sweep (Hydra multirun).
 
 A sweep runs every job even when some fail; its exit code is then the number of failed jobs (capped at 125), and
-one stderr line names their run directories (harness.cli.sweep.SweepReport).
+one stderr line names their run directories (harness.cli.sweep.SweepReport). A run or sweep stopped by SIGTERM,
+SIGUSR1/2 or Ctrl-C checkpoints at a step boundary and exits 75 (harness/preemption.py): rerun it with
+trainer.resume=auto.
 """
 
 import shutil

@@ -1,5 +1,6 @@
 """The end of a sweep: a progress line as each job ends (`SweepReport`, a Hydra callback declared in
-conf/config.yaml), one line naming the jobs that failed, and run.py's exit code (their number, capped)."""
+conf/config.yaml), one line naming the jobs that failed and one naming those stopped by a signal, and run.py's exit
+code (the failed jobs' number, capped; else 75 when any was preempted)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from harness import preemption
 from harness.cli.checks import group_options
 from harness.distributed import rank_from_env
+from harness.preemption import PREEMPTED_EXIT_CODE
 
 # Exit codes above 125 mean "killed by a signal" or "command not found" to shells and schedulers.
 MAX_EXIT_CODE = 125
 
 
 _sweep_failures: list[Path] | None = None  # set by SweepReport in the launching process; run.py's exit code
+_sweep_preempted: list[Path] | None = None
+ENDED = ("completed", "failed", "preempted")  # a job's summary.json status once it has ended
 
 
 class SweepReport(Callback):
@@ -58,9 +63,7 @@ class SweepReport(Callback):
         if hydra.mode != RunMode.MULTIRUN or config.get("mode") == "plan" or rank_from_env() != 0:
             return
         run_dir = Path(str(hydra.runtime.output_dir))
-        done = sum(
-            job_status(job) in ("completed", "failed") for job in sweep_jobs(Path(hydra.sweep.dir), self._started)
-        )
+        done = sum(job_status(job) in ENDED for job in sweep_jobs(Path(hydra.sweep.dir), self._started))
         now = time.time()
         print(
             job_line(list(job_return.overrides or []), self._swept, run_dir.name, job_status(run_dir), done,
@@ -70,17 +73,29 @@ class SweepReport(Callback):
         )  # fmt: skip
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global _sweep_failures
+        global _sweep_failures, _sweep_preempted
         if config.get("mode") == "plan":  # nothing ran; a job that fails to plan raises (Hydra exits 1)
             return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         jobs = sweep_jobs(sweep_dir, self._started)
-        failed = [job for job in jobs if job_status(job) != "completed"]
-        _sweep_failures = failed
+        preempted = [job for job in jobs if job_status(job) == "preempted"]
+        failed = [job for job in jobs if job_status(job) not in ("completed", "preempted")]
+        _sweep_failures, _sweep_preempted = failed, preempted
+
+        def names(found: list[Path]) -> str:
+            return "; ".join(str(job.relative_to(sweep_dir)) for job in found)
+
+        if preempted:
+            print(
+                f"sweep: {len(preempted)} of {len(jobs)} jobs preempted under {sweep_dir} (rerun the sweep with "
+                f"trainer.resume=auto to finish them): {names(preempted)}",
+                file=sys.stderr,
+            )
         if failed:
-            names = "; ".join(str(job.relative_to(sweep_dir)) for job in failed)
-            print(f"sweep: {len(failed)} of {len(jobs)} jobs failed under {sweep_dir}: {names}", file=sys.stderr)
-        else:
+            print(
+                f"sweep: {len(failed)} of {len(jobs)} jobs failed under {sweep_dir}: {names(failed)}", file=sys.stderr
+            )
+        elif not preempted:
             print(f"sweep: all {len(jobs)} jobs completed under {sweep_dir}")
 
 
@@ -154,5 +169,9 @@ def job_status(run_dir: Path) -> str:
 
 
 def sweep_exit_code() -> int:
-    """0 after a single run or a clean sweep; otherwise the number of failed jobs, capped at 125."""
-    return min(len(_sweep_failures or []), MAX_EXIT_CODE)
+    """0 after a completed run or sweep; the number of failed jobs (capped at 125) when any failed; else
+    PREEMPTED_EXIT_CODE (75) when a run or a sweep's job was stopped by a signal, so a launcher can requeue the
+    same command with trainer.resume=auto."""
+    if _sweep_failures:
+        return min(len(_sweep_failures), MAX_EXIT_CODE)
+    return PREEMPTED_EXIT_CODE if _sweep_preempted or preemption.requested() is not None else 0

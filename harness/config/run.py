@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from harness.config import groups
 from harness.objectives import ObjectiveConfig, objective_config
+from harness.preemption import SIGNALS
 from harness.schema import build
 
 
@@ -50,6 +51,28 @@ class TrainerConfig:
         metadata={
             "help": "keys (or groups) a resume may change deliberately, e.g. [trainer.total_steps]; recorded in "
             "resume_changes.jsonl"
+        },
+    )
+    keep_checkpoints: int = field(
+        default=2,
+        metadata={
+            "ge": 1,
+            "help": "checkpoints kept on disk, newest first (an unreadable newest one falls back to the next)",
+        },
+    )
+    preempt_signals: tuple[str, ...] = field(
+        default=("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
+        metadata={
+            "help": "signals that stop a training run at the next step boundary with a checkpoint, status "
+            "'preempted' and exit code 75 (docs/reliability.md); [] = the default actions"
+        },
+    )
+    preempt_grace_s: float = field(
+        default=20.0,
+        metadata={
+            "ge": 0,
+            "help": "after a stop signal, how long the running step may go on before it is abandoned (the run then "
+            "ends preempted with its last scheduled checkpoint); 0 = always finish the step",
         },
     )
     threads: int | None = field(
@@ -248,6 +271,8 @@ def validate(cfg: dict[str, Any]) -> RunConfig:
 
 def _check_combinations(run: RunConfig) -> None:
     t = run.trainer
+    if bad := [s for s in t.preempt_signals if s not in SIGNALS]:
+        raise ValueError(f"trainer.preempt_signals: {bad[0]} is not allowed; choose from {', '.join(SIGNALS)}")
     batch = t.prompts_per_step * t.group_size
     if batch % t.minibatches:
         raise ValueError(

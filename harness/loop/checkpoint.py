@@ -359,15 +359,17 @@ def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
     at once (torch.distributed.checkpoint), nothing is gathered; rank 0 publishes the folder."""
     extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
     lora = is_lora(run.policy)  # the adapters only: the frozen base is the model the run started from
+    keep = run.cfg.trainer.keep_checkpoints
     if run.pg.main:
         run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
     if run.pg.active:
         save_sharded_checkpoint(
-            run.run_dir, step, run.policy, run.optimizer, extra, run.pg, adapters_only=lora, pause_s=pause_s
+            run.run_dir, step, run.policy, run.optimizer, extra, run.pg, adapters_only=lora, keep=keep, pause_s=pause_s
         )
-        return
-    weights = adapter_state_dict(run.policy.state_dict()) if lora else None
-    save_checkpoint(run.run_dir, step, run.policy, run.optimizer, extra, pause_s=pause_s, model_state=weights)
+    else:
+        weights = adapter_state_dict(run.policy.state_dict()) if lora else None
+        save_checkpoint(run.run_dir, step, run.policy, run.optimizer, extra, keep, pause_s, model_state=weights)
+    run.checkpointed = step
 
 
 def checkpoint_or_warn(run: Run, step: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness import preemption
 from harness.distributed import rank_from_env
 from harness.errors import fail
 
@@ -67,6 +68,9 @@ def run_job(cfg: DictConfig) -> float | JobFailed | None:
 def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     from harness.config import SetupError, validate
 
+    if preemption.requested() is not None:  # stopped during an earlier job of this sweep: this one does not start
+        return _not_started(run_dir)
+
     raw: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     trainer = raw.get("trainer")
     if isinstance(trainer, dict) and trainer.get("threads") is None:
@@ -103,7 +107,22 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
         summary = train(run_cfg, run_dir, raw)
     if main:
         print_summary(summary)
+    if summary.get("status") == "preempted":
+        preemption.hand_on()  # submitit's handler, when it launched this job: it requeues the job
     return summary.get("final_score")
+
+
+def _not_started(run_dir: Path) -> None:
+    """A sweep job after a stop: summary.json says preempted before its first step, so the sweep's report counts it
+    and the rerun with trainer.resume=auto starts it."""
+    from harness.rundir.files import atomic_write_json
+
+    stop = preemption.requested()
+    if rank_from_env() == 0 and stop is not None:
+        record = {**stop.record(), "stopped_after_step": None, "checkpoint_step": None, "not_started": True}
+        atomic_write_json(run_dir / "summary.json", {"status": "preempted", "error": None, "preempted": record})
+    print(f"{run_dir.name}: not started, the sweep was stopped by {stop and stop.signal}", file=sys.stderr)
+    return None
 
 
 # --- mode=plan ---
@@ -190,6 +209,10 @@ def print_summary(s: dict[str, Any]) -> None:
         "  figures        make figures   (reads every run under outputs/)",
         "",
     ]
+    if s.get("status") == "preempted":
+        p = s.get("preempted") or {}
+        kept = "no checkpoint" if p.get("checkpoint_step") is None else f"checkpoint step_{p['checkpoint_step']}"
+        lines.insert(-2, f"  preempted      by {p.get('signal')}, {kept}: continue with trainer.resume=auto")
     if s.get("policy"):  # the trained policy as a Hugging Face model folder
         lines.insert(-2, f"  policy         {s['policy']}   (from_pretrained, vLLM, mode=eval model.path=)")
     print("\n".join(lines))

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.config import RunConfig
-from harness.loop.checkpoint import load_latest
+from harness.loop.checkpoint import CHECKPOINTS, load_latest
 from harness.loop.diagnostics import ClippedTokens
 from harness.loop.export import POLICY, read_info
+from harness.loop.resume_guard import ResumeRefused
 from harness.loop.tokens import TokenSamples
 from harness.lora import is_lora, restore_adapter
 from harness.rundir.files import read_jsonl
@@ -31,8 +32,14 @@ def resume(run: Run) -> None:
         if lora:  # checkpoints hold the adapters only
             restore = restore_adapter(run.policy, run.optimizer, sharded=run.pg.active)
         state = load_latest(run.run_dir, run.policy, run.optimizer, restore, adapters_only=lora)
+        if state is None and run.cfg.trainer.resume is True:  # the guard saw one that looked whole; none loaded
+            raise ResumeRefused(
+                f"trainer.resume: no checkpoint under {run.run_dir / CHECKPOINTS} could be loaded (the warnings above "
+                "say why); resume with trainer.resume=auto to start afresh"
+            )
         _set_hyperparameters(run.optimizer, run.cfg)  # the config's (a resume_allow change), not the saved ones
         run.done_steps = int(state["step"]) if state else 0
+        run.checkpointed = run.done_steps if state else None
         run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
         run.clipped = ClippedTokens(state["extra"].get("clipped_tokens") if state else None)
         run.log.truncate_after(run.done_steps if state else -1)

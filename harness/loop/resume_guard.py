@@ -18,10 +18,16 @@ import dataclasses
 import json
 import sys
 import time
+import zipfile
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+
 from harness.config import RunConfig, SetupError
+from harness.errors import first_line
 from harness.loop.checkpoint import CHECKPOINTS, complete_checkpoints
+from harness.loop.sharded import is_sharded
 from harness.rundir.files import atomic_write_json, atomic_write_text
 from harness.rundir.record import CHANGES, RECORD, differences, show
 
@@ -38,13 +44,23 @@ def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
     directory (rank 0); the others check only, so every rank refuses alike."""
     resume = cfg.trainer.resume
     config = dataclasses.asdict(cfg)
-    if resume and not complete_checkpoints(run_dir / CHECKPOINTS):
-        if resume != "auto":
-            raise ResumeRefused(
-                f"trainer.resume: {run_dir} has no checkpoint to resume from; run without trainer.resume, or with "
-                "trainer.resume=auto to start fresh when there is none"
-            )
-        resume = False  # auto, and nothing to continue: a fresh start
+    if resume:
+        found = [p for _, p in reversed(complete_checkpoints(run_dir / CHECKPOINTS))]
+        bad = {p.name: why for p in found if (why := unreadable(p))}
+        if len(bad) == len(found):
+            if resume != "auto":
+                why = "; ".join(f"{name}: {reason}" for name, reason in bad.items())
+                tried = f"no readable checkpoint ({why})" if bad else "no checkpoint"
+                raise ResumeRefused(
+                    f"trainer.resume: {run_dir} has {tried} to resume from; run without trainer.resume, or with "
+                    "trainer.resume=auto to start fresh when there is none"
+                )
+            if bad and write:  # auto: a fresh start, the unreadable files kept aside, never deleted
+                aside = run_dir / f"{CHECKPOINTS}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+                (run_dir / CHECKPOINTS).rename(aside)
+                print(f"warning: no readable checkpoint in {run_dir} ({', '.join(bad)}): starting afresh; the "
+                      f"files are kept in {aside}", file=sys.stderr)  # fmt: skip
+            resume = False  # auto, and nothing to continue: a fresh start
     if not resume:
         log = run_dir / "metrics.jsonl"
         if cfg.trainer.resume is False and log.exists() and log.stat().st_size:  # checked before anything is written
@@ -86,3 +102,20 @@ def _hydra_files(run_dir: Path) -> dict[str, str]:
 def _restore_hydra_files(run_dir: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         atomic_write_text(run_dir / ".hydra" / name, text)
+
+
+def unreadable(folder: Path) -> str | None:
+    """Why a checkpoint folder cannot be restored, found cheaply before any model is built (file headers: a
+    truncated safetensors or zip file fails here; state.pt is read whole, it is small); None when it looks whole.
+    A subtler corruption is found when it is loaded, and the previous checkpoint is tried (load_latest)."""
+    try:
+        if is_sharded(folder):
+            torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+            return None
+        with safe_open(str(folder / "model.safetensors"), framework="pt", device="cpu"):
+            pass
+        zipfile.ZipFile(folder / "optimizer.pt").close()  # torch.save's format is a zip: its index is at the end
+        torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # any failure to read means the same: this one cannot be resumed from
+        return first_line(e)
+    return None

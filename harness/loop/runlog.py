@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import first_line
+from harness.preemption import PREEMPTED_EXIT_CODE
 from harness.rundir.files import (
     JSONL_FILES,
     LogWriteError,
@@ -158,14 +159,14 @@ class RunLog:
         return self._last_step
 
     def finish(self, status: str, summary: dict[str, Any], error: str | None = None) -> None:
-        """Write the final summary.json ("completed" or "failed") and close W&B.
+        """Write the final summary.json ("completed", "failed" or "preempted") and close W&B.
 
         `summary` holds the scores the trainer tracked, e.g. {"best/eval/avg@k": .., "last/reward/mean": ..}.
         RunLog owns status, error, started_at, finished_at, wall_time_s, last_step, resumed_from_step, pid and
         wandb; keys of those names in `summary` are ignored.
         """
-        if status not in ("completed", "failed"):
-            raise ValueError(f"finish status={status!r} is not allowed; use 'completed' or 'failed'")
+        if status not in ("completed", "failed", "preempted"):
+            raise ValueError(f"finish status={status!r} is not allowed; use 'completed', 'failed' or 'preempted'")
         if self._finished:
             raise RuntimeError(f"RunLog.finish called twice for {self.run_dir}")
         summary = to_python(summary, "summary")  # a bad value raises here, while finish can still be retried
@@ -183,6 +184,15 @@ class RunLog:
         if self._wandb is not None:
             self._finish_wandb(self._wandb, status, summary)
             self._wandb = None
+
+    def mark_preempting(self) -> None:
+        """Tell W&B the run is being stopped from outside, so it shows as preempted rather than crashed."""
+        if self._wandb is None:
+            return
+        try:
+            self._wandb.mark_preempting()
+        except Exception as e:  # summary.json says preempted either way
+            logger.warning("W&B mark_preempting failed: %s", first_line(e))
 
     def __enter__(self) -> RunLog:
         return self
@@ -319,7 +329,8 @@ class RunLog:
                 run.summary.update({**summary, "status": status})
             except Exception as e:
                 logger.warning("W&B summary update failed (summary.json is complete): %s", first_line(e))
-            _quiet_finish(run, 0 if status == "completed" else 1, warn=True)
+            code = {"completed": 0, "preempted": PREEMPTED_EXIT_CODE}.get(status, 1)
+            _quiet_finish(run, code, warn=True)
 
         # finish_timeout bounds wandb's upload wait; the thread bounds everything else in finish.
         thread = threading.Thread(target=finish, name="runlog-wandb-finish", daemon=True)
@@ -360,6 +371,9 @@ class NullLog:
     def truncate_after(self, step: int) -> None:
         pass
 
+    def mark_preempting(self) -> None:
+        pass
+
     def sync(self) -> None:
         pass
 
@@ -379,4 +393,4 @@ def finishing(log: RunLog | NullLog, summary: dict[str, Any], t_start: float) ->
         log.finish("failed", summary, error=traceback.format_exc())
         raise
     summary["wall_time_s"] = time.time() - t_start
-    log.finish("completed", summary)
+    log.finish(summary.get("status", "completed"), summary)  # or "preempted" (harness/loop/stop.py)

@@ -68,6 +68,7 @@ class Run:
     skipped: int = 0  # updates skipped for a NaN/inf from the model, the loss or the gradient, in total
     bad_streak: int = 0  # steps in a row with a skipped update
     failed_saves: list[int] = field(default_factory=list)  # steps whose checkpoint could not be written
+    checkpointed: int | None = None  # the step of the newest checkpoint written or resumed from
     failed_exports: list[str] = field(default_factory=list)  # policy folders that could not be written
     best: float | None = None  # best evaluation score so far
     best_exported: float | None = None  # the score of policy/best (trained steps only), None before one is written

@@ -23,6 +23,8 @@ from harness.loop.resume import eval_scores, resume
 from harness.loop.runlog import finishing
 from harness.loop.state import Run, build_run, open_log
 from harness.loop.step import rl_step
+from harness.loop.stop import abandoned, stop_at, stop_requested
+from harness.preemption import StepAbandoned, StopSignals
 from harness.rundir.files import read_jsonl
 
 
@@ -33,35 +35,50 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
     log = open_log(cfg, run_dir, raw_config, pg)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "objective": cfg.objective.name}
     run: Run | None = None
-    with finishing(log, summary, t_start):
+    t = cfg.trainer
+    with finishing(log, summary, t_start), StopSignals(t.preempt_signals, t.preempt_grace_s) as signals:
         try:
             run = build_run(cfg, run_dir, pg, log)
             run.sync_weights()
             resume(run)
             if run.done_steps == 0:
                 summary["initial_score"] = eval_step(run, 0)[run.score_key]
-            t = cfg.trainer
-            bar = progress(run)
-            for step in bar:
-                metrics = rl_step(run, step)
-                last = run.last_eval
-                bar.set_postfix(
-                    reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-"
-                )
-                done = step == t.total_steps
-                if step % t.eval_every == 0 or done:
-                    eval_step(run, step)
-                if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
-                    checkpoint_or_warn(run, step)
+            stopped_after = train_steps(run)
+            if stopped_after is not None:  # a stop signal: a checkpoint at the step boundary, status preempted
+                signals.step_done()
+                summary.update(stop_at(run, stopped_after))
+                return summary
             summary.update(final_summary(run, summary))
             final = export_or_warn(run, "final", t.total_steps, summary["final_score"])
             summary["policy"] = None if final is None else str(final)
             if run.failed_exports:
                 summary["policy_failed"] = run.failed_exports
+        except StepAbandoned as e:  # the grace period ran out inside a step
+            summary.update(abandoned(run, e))
         finally:
             if run is not None:
                 run.close()
     return summary
+
+
+def train_steps(run: Run) -> int | None:
+    """The steps left, each evaluated and checkpointed on schedule. Returns None when every step is done, or the
+    last step finished when a stop signal came (every rank returns the same)."""
+    t = run.cfg.trainer
+    bar = progress(run)
+    for step in bar:
+        if stop_requested(run):
+            bar.close()
+            return step - 1
+        metrics = rl_step(run, step)
+        last = run.last_eval
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-")
+        done = step == t.total_steps
+        if step % t.eval_every == 0 or done:
+            eval_step(run, step)
+        if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
+            checkpoint_or_warn(run, step)
+    return None
 
 
 def progress(run: Run) -> tqdm:

@@ -21,6 +21,9 @@ FREE = (
     "trainer.eval_every",
     "trainer.checkpoint_every",
     "trainer.checkpoint_pause_s",
+    "trainer.keep_checkpoints",
+    "trainer.preempt_signals",
+    "trainer.preempt_grace_s",
     "trainer.samples_per_eval",
     "trainer.tokens_per_eval",
     "trainer.bad_update_gap",  # a logged metric's threshold; runs made before the key existed used its default
