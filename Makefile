@@ -65,8 +65,9 @@ test-fast: $(STAMP)  ## the unit tier: pure functions, objectives, configs, anal
 run: $(STAMP)  ## install if needed, then one default training run on CPU
 	$(PY) run.py
 
-figures: $(STAMP)  ## curves and tables from every run under outputs/
-	$(PY) -m analysis
+# ROOTS="outputs trl:<dir>#<experiment> verl:<metrics.jsonl>#<experiment>" draws TRL or verl runs beside ours.
+figures: $(STAMP)  ## curves and tables from every run under outputs/ (and ROOTS, if given)
+	$(PY) -m analysis $(if $(ROOTS),--roots $(ROOTS))
 
 # Two one-thread jobs at a time (the joblib launcher); every mini_* experiment runs even if an earlier one failed.
 # A subset: make mini-repro MINI="experiments/mini_drpo_mask.yaml experiments/mini_dppo_main.yaml"

@@ -1,4 +1,5 @@
-"""`python -m analysis [--roots outputs multirun | wandb:<entity>/<project>] [--out figures]`: every figure and table.
+"""`python -m analysis [--roots outputs multirun | wandb:<entity>/<project> | trl:<dir> | verl:<file>] [--out figures]`:
+every figure and table.
 
 Writes figures/<experiment>/<figure>.png, figures/<experiment>/table.{md,csv,tex}, the token figures of runs that
 saved tokens.parquet, figures/<experiment>/clipped_tokens.{md,csv} (App. D) from runs that wrote
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         "--source",
         nargs="+",
         default=list(DEFAULT_ROOTS),
-        help="folders holding run directories, or wandb:<entity>/<project> to read a W&B project",
+        help="folders holding run directories, wandb:<entity>/<project> to read a W&B project, or one TRL or verl "
+        "run: trl:<folder>[#experiment], verl:<metrics.jsonl or W&B offline folder>[#experiment]",
     )
     parser.add_argument("--out", default="figures", help="output folder (default: figures)")
     parser.add_argument("--experiment", help="only this experiment (default: every one found)")

@@ -49,7 +49,7 @@ EXPECTED_CONFIG = ("seed", "objective.name", "precision.name", "model.name")
 _GROUPS_ONCE_PLAIN = ("objective", "precision", "model", "rollout", "data", "benchmark")
 # W&B run states -> RunLog statuses, for runs whose W&B summary never got RunLog's final status (killed hard).
 _WANDB_STATES = {"finished": "completed", "running": "running", "crashed": "failed", "failed": "failed",
-                 "killed": "failed", "preempted": "failed"}  # fmt: skip
+                 "killed": "failed", "preempted": "preempted"}  # fmt: skip
 
 
 @dataclass
@@ -224,7 +224,7 @@ def _experiment_from_path(run_dir: Path, root: Path) -> str:
 
 
 @dataclass
-class _Run:
+class RunRecord:
     """One run as read from its source, before the frames are built."""
 
     run: str
@@ -237,16 +237,28 @@ class _Run:
 
 def load_runs(roots: Sequence[Path | str] = DEFAULT_ROOTS, include_failed: bool = False) -> RunSet:
     """Load every run under `roots` (default `outputs/` and `multirun/`); a `wandb:<entity>/<project>` root is
-    read from W&B (see `load_wandb`).
+    read from W&B (see `load_wandb`), a `trl:<path>` or `verl:<path>` root is one run of those frameworks
+    (analysis/external.py).
 
     A torn last JSONL line is skipped with a warning; a run whose files cannot be read at all is kept in
     `summaries` with `load_error` set and left out of the curves, so one bad run never hides the rest.
     """
-    local = [r for r in roots if not str(r).startswith(WANDB_PREFIX)]
+    from analysis.external import is_external
+
+    local = [r for r in roots if not str(r).startswith(WANDB_PREFIX) and not is_external(r)]
     remote = [str(r) for r in roots if str(r).startswith(WANDB_PREFIX)]
-    sets = [_assemble(_local_runs(local), include_failed)] if local or not remote else []
+    external = [str(r) for r in roots if is_external(r)]
+    sets = [assemble(_local_runs(local), include_failed)] if local or not (remote or external) else []
     sets += [load_wandb(src, include_failed=include_failed) for src in remote]
+    sets += [assemble([_external_run(spec)], include_failed) for spec in external]
     return sets[0] if len(sets) == 1 else RunSet.concat(sets)
+
+
+def _external_run(spec: str) -> RunRecord:
+    from analysis.external import read_external
+
+    config, metrics, evals = read_external(spec)
+    return RunRecord(spec, config, {"status": "completed" if metrics else "missing"}, metrics, evals)
 
 
 def load(source: Path | str | Sequence[Path | str] = DEFAULT_ROOTS, include_failed: bool = False) -> pd.DataFrame:
@@ -255,8 +267,8 @@ def load(source: Path | str | Sequence[Path | str] = DEFAULT_ROOTS, include_fail
     return load_runs(roots, include_failed=include_failed).tidy()
 
 
-def _local_runs(roots: Sequence[Path | str]) -> list[_Run]:
-    runs: list[_Run] = []
+def _local_runs(roots: Sequence[Path | str]) -> list[RunRecord]:
+    runs: list[RunRecord] = []
     seen: set[Path] = set()
     for root in roots:
         # Hundreds of runs take a while to read: a bar on stderr, on a terminal only (make figures).
@@ -274,7 +286,7 @@ def _local_runs(roots: Sequence[Path | str]) -> list[_Run]:
                 logger.warning(
                     "%s: no `name` in the config (older version?); experiment %r from the path", run_dir, cfg["name"]
                 )
-            item = _Run(
+            item = RunRecord(
                 str(run_dir), upgrade_config(cfg, str(run_dir)), _read_summary(run_dir / "summary.json"), [], []
             )
             try:
@@ -288,7 +300,7 @@ def _local_runs(roots: Sequence[Path | str]) -> list[_Run]:
     return runs
 
 
-def _assemble(runs: list[_Run], include_failed: bool) -> RunSet:
+def assemble(runs: list[RunRecord], include_failed: bool) -> RunSet:
     metrics, evals, rows = [], [], []
     config_keys: dict[str, None] = {}
     for item in runs:
@@ -394,12 +406,12 @@ def runset_from_wandb(records: Iterable[Mapping[str, Any]], include_failed: bool
         if "objective.name" not in cfg and "objective" not in cfg and legacy_job_type:
             cfg["objective.name"] = rec["job_type"]
         summary = _flat_summary({k: v for k, v in (rec.get("summary") or {}).items() if not k.startswith("_")})
-        if summary["status"] not in ("completed", "failed"):
+        if summary["status"] not in ("completed", "failed", "preempted"):
             summary["status"] = _WANDB_STATES.get(str(rec.get("state")), "missing")
         summary.setdefault("error", None)
         metrics, evals = split_wandb_history(rec.get("history") or [])
-        runs.append(_Run(run, upgrade_config(cfg, run), summary, metrics, evals))
-    return _assemble(runs, include_failed)
+        runs.append(RunRecord(run, upgrade_config(cfg, run), summary, metrics, evals))
+    return assemble(runs, include_failed)
 
 
 def _unwrap_wandb_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -61,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # the short files fill in around them instead of one long file running alone at the end.
 HEAVY_FIRST = (
     "test_faults.py",
+    "test_preemption.py",
     "test_disk_full.py",
     "test_distributed.py",
     "test_run_directory.py",
@@ -180,40 +181,18 @@ def small_model() -> list[str]:
 
 def wandb_run_record(run_dir: Path, wait_s: float = 30.0) -> dict:
     """The run record of the offline W&B run under `run_dir`: what `wandb sync` would upload as the run's name,
-    group, job type and config. wandb 0.31 has no Python reader of its `.wandb` transaction log, so this reads its
-    framing (LevelDB's log format: 32 KiB blocks of chunks, each with a 7-byte header: crc32, length, type
-    1 = whole, 2/3/4 = first/middle/last piece) after the 7-byte file header, and parses each record with
-    wandb's own protobuf schema. wandb-core writes the file from its own process and flushes it after `finish`
-    has returned (seen: a file holding only its header right after), so this waits for the run's exit record."""
-    import json
-    import struct
+    group, job type and config, and the artifacts it logged (analysis/wandb_offline.py reads the log). wandb-core
+    writes the file from its own process and flushes it after `finish` has returned (seen: a file holding only
+    its header right after), so this waits for the run's exit record."""
     import time
 
-    from wandb.proto import wandb_internal_pb2
+    from analysis import wandb_offline
 
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     deadline = time.monotonic() + wait_s
     while True:
-        data = path.read_bytes()
-        assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
-        kinds: dict[str, wandb_internal_pb2.Record] = {}
-        pos, piece, block = 7, b"", 32768
-        while pos + 7 <= len(data):
-            if block - pos % block < 7:  # too little room left for a header: the block's tail is padding
-                pos += block - pos % block
-                continue
-            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-            piece += data[pos + 7 : pos + 7 + length]
-            pos += 7 + length
-            if kind in (1, 4):
-                record = wandb_internal_pb2.Record()
-                record.ParseFromString(piece)
-                piece = b""
-                kinds.setdefault(record.WhichOneof("record_type"), record)
-        if "run" in kinds and "exit" in kinds:
-            run = kinds["run"].run
-            # `_wandb` is W&B's own bookkeeping, not the run's config.
-            config = {i.key: json.loads(i.value_json) for i in run.config.update if not i.key.startswith("_")}
-            return {"name": run.display_name, "group": run.run_group, "job_type": run.job_type, "config": config}
-        assert time.monotonic() < deadline, f"{path} holds no finished run after {wait_s:.0f} s: {sorted(kinds)}"
+        run = wandb_offline.read(run_dir)
+        if run.run_id and run.finished:
+            return {"name": run.name, "group": run.group, "job_type": run.job_type, "config": run.config,
+                    "artifacts": run.artifacts, "id": run.run_id}  # fmt: skip
+        assert time.monotonic() < deadline, f"{run_dir} holds no finished W&B run after {wait_s:.0f} s"
         time.sleep(0.1)

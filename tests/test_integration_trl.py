@@ -20,7 +20,12 @@ from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from harness.config import compose, validate  # noqa: E402
-from harness.integrations.trl import TrustRegionGRPOTrainer, anchors  # noqa: E402
+from harness.integrations.trl import (  # noqa: E402
+    TrustRegionGRPOTrainer,
+    anchors,
+    biased_sampling,
+    check_version,
+)
 from harness.loop.model_path import model_dir  # noqa: E402
 from harness.objectives import aggregate, get_objective  # noqa: E402
 from harness.tasks.templates import render  # noqa: E402
@@ -104,6 +109,9 @@ def test_trl_trains_with_our_objective_and_its_loss_is_ours(tmp_path, model_path
             logged = trainer.state.log_history[i]
             for key, value in out.metrics.items():
                 assert logged[key] == pytest.approx(value.item(), abs=1e-5), key
+            # TRL's names for the same values, so TRL's own dashboards read them
+            assert logged["clip_ratio/region_mean"] == logged["objective/masked_frac"]
+            assert logged["clip_ratio/low_mean"] == logged["objective/masked_frac_neg"]
 
     # On the reused batch the anchor matters: with mu taken as the current policy the loss would differ.
     inputs, trainer_loss, logp = trainer.steps[1]
@@ -124,6 +132,30 @@ def test_trl_adapter_refuses_what_it_cannot_reproduce(tmp_path, model_path):
         TrustRegionGRPOTrainer(args=config(tmp_path), objective="dppo_topk_tv", **kw)
     with pytest.raises(ValueError, match=r"^GRPOConfig.beta: TrustRegionGRPOTrainer supports only 0.0 .*got 0.04$"):
         TrustRegionGRPOTrainer(args=config(tmp_path, beta=0.04), objective="dppo", **kw)
+
+
+def test_trl_adapter_refuses_liger_and_biased_vllm_sampling_before_building_anything(tmp_path, model_path):
+    kw = dict(model=model_path, reward_funcs=[reward], train_dataset=Dataset.from_dict({"prompt": ["1 + 1"]}))
+    args = config(tmp_path)
+    args.use_liger_kernel = True  # set after construction: GRPOConfig itself would ask for liger-kernel first
+    with pytest.raises(ValueError, match=r"^GRPOConfig.use_liger_kernel: TrustRegionGRPOTrainer supports only False"):
+        TrustRegionGRPOTrainer(args=args, **kw)
+    args = config(tmp_path)
+    args.use_vllm, args.top_p = True, 0.9  # refused before GRPOTrainer would start a vLLM engine
+    with pytest.raises(ValueError, match=r"^GRPOConfig.top_p=0.9 with use_vllm: vLLM reports log-probs"):
+        TrustRegionGRPOTrainer(args=args, **kw)
+    args.top_p, args.min_p = 1.0, 0.05
+    assert biased_sampling(args) == "min_p"
+    args.use_vllm = False  # HF generation samples what it scores
+    assert biased_sampling(args) is None
+
+
+def test_trl_version_outside_the_tested_range_is_one_line():
+    check_version("1.8.0")
+    check_version("1.16.3")
+    for version in ("1.7.2", "1.17.0", "2.0.0"):
+        with pytest.raises(ImportError, match=rf"^trl {version}: TrustRegionGRPOTrainer supports trl 1.8 to 1.16.x"):
+            check_version(version)
 
 
 def test_anchors_take_the_samplers_logprobs_and_the_recompute_where_it_has_none():

@@ -22,11 +22,16 @@ PRESETS = sorted(p.stem for p in (ROOT / "harness" / "objectives" / "presets").g
 
 # Run from a folder outside the checkout with the wheel's install first on the path: the shared venv also has an
 # editable install of a checkout, so where `harness` came from is part of what is printed.
+# The objectives (and what an adapter feeds them: log-probs, divergences, advantages) need torch, numpy and omegaconf
+# only: with the model stack made unimportable they must still load, as in a verl or TRL environment.
 PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
+for name in ("transformers", "tokenizers", "safetensors", "huggingface_hub", "tqdm", "hydra", "vllm", "pandas"):
+    sys.modules[name] = None
 import harness
 from harness.objectives import OBJECTIVE_NAMES, get_objective
+import harness.logprobs, harness.divergence, harness.advantages
 dppo = get_objective("dppo")
 print(json.dumps({"file": harness.__file__, "names": list(OBJECTIVE_NAMES),
                   "dppo": [dppo.cfg.family, dppo.cfg.divergence, dppo.cfg.delta]}))
@@ -67,14 +72,18 @@ def test_wheel_installs_with_every_preset(tmp_path):
     assert PRESETS and sorted(got["names"]) == PRESETS  # test_objective_registry.py pins the set itself
     assert got["dppo"] == ["dppo", "binary_tv", 0.15]  # harness/objectives/presets/dppo.yaml
 
-    # The wheel's own metadata: the core is ranges; the exact CPU pins come only with the `cpu` extra.
+    # The wheel's own metadata: the core is what the objectives import, as ranges, so the wheel installs beside verl
+    # (which pins transformers below 5.11) or TRL; the model stack is the `hf` extra, the exact CPU pins the `cpu` one.
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     requires = [line.removeprefix("Requires-Dist: ") for line in meta.splitlines() if line.startswith("Requires-Dist")]
     core = [r for r in requires if "extra ==" not in r]
-    assert {_name(r) for r in core} >= {"torch", "transformers", "numpy", "omegaconf"}
+    assert {_name(r) for r in core} == {"torch", "numpy", "omegaconf"}, core
     assert not [r for r in core if "==" in r or "<" in r], core
     assert 'torch==2.13.0; extra == "cpu"' in requires
+    assert any(r.startswith("transformers") and 'extra == "hf"' in r for r in requires), requires
+    python = next(line for line in meta.splitlines() if line.startswith("Requires-Python"))
+    assert "<" not in python, python  # no upper bound the code does not need
 
 
 def _imports(path: Path) -> set[str]:

@@ -7,6 +7,7 @@ refused by resume=true and set aside by resume=auto."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -139,3 +140,42 @@ def test_the_only_checkpoint_truncated_resume_true_refuses_resume_auto_starts_af
     assert (aside / "step_2" / "model.safetensors").read_bytes() == before[model]
     assert metric_steps(run_dir) == [1, 2]
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] in (None, -1)
+
+
+def worker_pid(parent: int, rank: int) -> int:
+    """The pid of torchrun's worker process of `rank` (a child of the launcher with RANK=<rank> in its environment)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no rank {rank} worker under pid {parent}")
+
+
+def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, small_model):
+    from tests.test_distributed import TORCHRUN, _env
+
+    run_dir = tmp_path / "two"
+    python, *args = command(*small_model, f"hydra.run.dir={run_dir}", "trainer.minibatches=1")
+    args = [*TORCHRUN, *args]
+    proc = subprocess.Popen(args, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: 1 in metric_steps(run_dir), proc)
+    os.kill(worker_pid(proc.pid, rank=1), signal.SIGTERM)  # rank 0, which writes the run directory, gets none
+    proc.communicate(timeout=180)
+
+    steps = metric_steps(run_dir)
+    k = steps[-1]
+    assert steps == list(range(1, k + 1)) and k < STEPS, steps
+    summary = summary_of(run_dir)
+    assert summary["status"] == "preempted", summary
+    assert summary["preempted"]["signal"] == "SIGTERM" and summary["preempted"]["checkpoint_step"] == k
+    assert (run_dir / "checkpoints" / f"step_{k}" / ".metadata").exists()  # sharded: both ranks wrote theirs
+
+    res = subprocess.run([*args, "trainer.resume=auto"], env=_env(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert metric_steps(run_dir) == list(range(1, STEPS + 1))
+    assert summary_of(run_dir)["status"] == "completed"

@@ -199,6 +199,11 @@ def test_vllm_run_with_wandb_offline(tmp_path, small_model):
         "objective": "drpo", "precision": "fp32", "model": "tiny", "seed": 0, "experiment": "default"
     }  # fmt: skip
     assert config["cfg"]["objective"]["name"] == "drpo" and config["cfg"]["trainer"]["total_steps"] == 2
+    # policy/final as a model artifact, referenced where it lies (logger.log_model, default on)
+    (artifact,) = [a for a in record["artifacts"] if a["type"] == "model"]  # the others: the samples tables
+    assert (artifact["name"], artifact["type"]) == (f"policy-{record['id']}", "model")
+    assert {"final", "step-2"} <= set(artifact["aliases"])
+    assert artifact["files"] == sorted(p.name for p in (run_dir / "policy" / "final").iterdir())
 
 
 def test_resume_continues_without_duplicates_and_matches_an_uninterrupted_run(tmp_path, small_model):

@@ -88,9 +88,8 @@ class RolloutConfig:
     behavior: Literal["engine", "trainer"] = field(
         default="engine",
         metadata={
-            "help": "who supplies the behaviour log-probs mu: the rollout engine (the papers' anchor), or, with "
-            "'trainer', the step's mu are recomputed by the trainer before the first update, so pi = mu at the "
-            "first mini-batch (DPPO Fig. 3's 'No mismatch' reference)"
+            "help": "who supplies the behaviour log-probs mu: the rollout engine (the papers' anchor), or 'trainer': "
+            "recomputed before the first update, so pi = mu there (DPPO Fig. 3's 'No mismatch' reference)"
         },
     )
     logit_noise: float = field(
@@ -193,3 +192,6 @@ class LoggerConfig:
         default=None, metadata={"help": "null = $WANDB_MODE, else offline"}
     )
     init_timeout_s: float = field(default=20.0, metadata={"gt": 0, "help": "give up on W&B after this long"})
+    log_model: bool = field(
+        default=True, metadata={"help": "policy/final as a W&B model artifact (offline: sent by wandb sync)"}
+    )

@@ -47,11 +47,7 @@ class TrainerConfig:
         },
     )
     resume_allow: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "keys (or groups) a resume may change deliberately, e.g. [trainer.total_steps]; recorded in "
-            "resume_changes.jsonl"
-        },
+        default=(), metadata={"help": "keys (or groups) a resume may change, e.g. [trainer.lr]: resume_changes.jsonl"}
     )
     keep_checkpoints: int = field(
         default=2,

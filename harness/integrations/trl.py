@@ -26,7 +26,10 @@ The loss is `aggregate(loss_mat, mask, objective.agg, horizon)`, horizon = max_c
 divided by the gradient-accumulation steps as TRL's bnpo/dr_grpo losses are (each micro-batch counts 1/GA).
 TRL's own loss settings (loss_type, epsilon, epsilon_high, delta, and the vLLM importance-sampling ratio) are not
 used: the objective's importance weight is already pi/mu. Settings that would add a term this loss leaves out are
-refused in one line. The objective's metrics (objective/masked_frac, ...) are logged beside TRL's.
+refused in one line, as are `use_liger_kernel=True` (TRL's Liger path never calls `_compute_loss`), vLLM sampling
+settings that bias mu (top_p < 1, top_k, min_p, repetition_penalty; `allow_biased_sampling=True` accepts them) and
+a TRL outside the tested range (TRL_SUPPORTED). The objective's metrics (objective/masked_frac, ...) are logged
+beside TRL's, and under TRL's names where TRL has one (clip_ratio/region_mean, _low_mean, _high_mean).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import trl
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
@@ -67,6 +71,57 @@ def anchors(inputs: Mapping[str, Any], logp: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(torch.isnan(mu), old, mu), old
 
 
+# TRL's GRPOTrainer internals this trainer relies on: `args.entropy_coef` (1.8) and the three values of
+# `_get_per_token_logps_and_entropies` (1.7); tested at 1.8 and at 1.16, the version the extra pins.
+TRL_SUPPORTED = ((1, 8), (1, 16))
+# TRL's metric names for the objective's own, logged beside ours so TRL dashboards keep working.
+TRL_NAMES = {
+    "objective/masked_frac": "clip_ratio/region_mean",
+    "objective/masked_frac_pos": "clip_ratio/high_mean",
+    "objective/masked_frac_neg": "clip_ratio/low_mean",
+}
+
+
+def check_version(version: str) -> None:
+    """One line when the installed TRL is outside the range this trainer is tested with."""
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    low, high = TRL_SUPPORTED
+    if len(parts) < 2 or not low <= parts <= high:
+        raise ImportError(
+            f"trl {version}: TrustRegionGRPOTrainer supports trl {low[0]}.{low[1]} to {high[0]}.{high[1]}.x (it "
+            f"replaces GRPOTrainer._compute_loss); install one with pip install 'trl=={high[0]}.{high[1]}.0'"
+        )
+
+
+def biased_sampling(args: GRPOConfig) -> str | None:
+    """The first sampling setting under which vLLM's reported log-probs are not those of the distribution it
+    sampled from (huggingface/trl#6789), so mu is biased; None when there is none or vLLM is off."""
+    if not getattr(args, "use_vllm", False):
+        return None
+    checks = (
+        ("top_p", getattr(args, "top_p", 1.0) not in (None, 1.0)),
+        ("top_k", getattr(args, "top_k", None) not in (None, 0, -1)),
+        ("min_p", getattr(args, "min_p", None) not in (None, 0.0)),
+        ("repetition_penalty", getattr(args, "repetition_penalty", 1.0) not in (None, 1.0)),
+    )
+    return next((key for key, bad in checks if bad), None)
+
+
+def _check_sampling(args: GRPOConfig, allow_biased_sampling: bool) -> None:
+    if getattr(args, "use_liger_kernel", False):
+        raise ValueError(
+            "GRPOConfig.use_liger_kernel: TrustRegionGRPOTrainer supports only False (with Liger, TRL's compute_loss "
+            "never calls _compute_loss: TRL's own loss would train), got True"
+        )
+    bias = biased_sampling(args)
+    if bias and not allow_biased_sampling:
+        raise ValueError(
+            f"GRPOConfig.{bias}={getattr(args, bias)!r} with use_vllm: vLLM reports log-probs of the unmodified "
+            "distribution, so mu (the trust region's anchor) is biased; use the default, or pass "
+            "allow_biased_sampling=True to TrustRegionGRPOTrainer to accept it"
+        )
+
+
 def _refused(args: GRPOConfig, aux_loss: bool) -> str | None:
     """The first GRPOConfig setting that would change the loss in a way this trainer does not reproduce."""
     checks = (
@@ -88,8 +143,14 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
     """A GRPOTrainer whose loss is one of our objectives; every other argument is GRPOTrainer's."""
 
     def __init__(
-        self, *args: Any, objective: str | Objective = "dppo", horizon: int | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        objective: str | Objective = "dppo",
+        horizon: int | None = None,
+        allow_biased_sampling: bool = False,
+        **kwargs: Any,
     ) -> None:
+        check_version(trl.__version__)
         # Not `self.objective`: transformers' Trainer writes that attribute during hyper-parameter search.
         self.trust_region = get_objective(objective) if isinstance(objective, str) else objective
         cfg = self.trust_region.cfg
@@ -103,10 +164,14 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 f"horizon: must be a positive token count (the constant of seq-mean-token-sum-norm), got {horizon}"
             )
+        given = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if given is not None:  # before GRPOTrainer starts an engine or asks for Liger
+            _check_sampling(given, allow_biased_sampling)
         super().__init__(*args, **kwargs)
         refused = _refused(self.args, self.aux_loss_enabled)
         if refused:
             raise ValueError(refused)
+        _check_sampling(self.args, allow_biased_sampling)
         self.horizon = horizon or self.args.max_completion_length
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
@@ -140,3 +205,5 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
         values = torch.stack([*(v.float() for v in metrics.values()), (entropy * m).sum() / m.sum().clamp(min=1)])
         for key, value in zip(keys, self.accelerator.gather(values.detach()[None]).mean(0).tolist(), strict=True):
             self._metrics[mode][key].append(value)
+            if key in TRL_NAMES:
+                self._metrics[mode][TRL_NAMES[key]].append(value)

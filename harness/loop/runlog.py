@@ -185,14 +185,10 @@ class RunLog:
             self._finish_wandb(self._wandb, status, summary)
             self._wandb = None
 
-    def mark_preempting(self) -> None:
-        """Tell W&B the run is being stopped from outside, so it shows as preempted rather than crashed."""
-        if self._wandb is None:
-            return
-        try:
-            self._wandb.mark_preempting()
-        except Exception as e:  # summary.json says preempted either way
-            logger.warning("W&B mark_preempting failed: %s", first_line(e))
+    @property
+    def wandb_run(self) -> Any:
+        """The live W&B run, None when W&B is off or was dropped (harness/loop/wandb_run.py adds to it)."""
+        return self._wandb
 
     def __enter__(self) -> RunLog:
         return self
@@ -368,10 +364,9 @@ class NullLog:
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass
 
-    def truncate_after(self, step: int) -> None:
-        pass
+    wandb_run = None
 
-    def mark_preempting(self) -> None:
+    def truncate_after(self, step: int) -> None:
         pass
 
     def sync(self) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from harness import preemption
+from harness import health, preemption
 from harness.loop.checkpoint import checkpoint_or_warn
 from harness.loop.resume import eval_scores
 from harness.loop.state import Run
+from harness.loop.wandb_run import mark_preempting
 
 logger = logging.getLogger(__name__)
 
@@ -23,24 +24,28 @@ def stop_requested(run: Run) -> bool:
 def stop_at(run: Run, step: int) -> dict[str, Any]:
     """Stop after `step` (the last one finished): a checkpoint of it unless one holds it already (none at step 0: a
     resume from nothing starts afresh), W&B marked preempting; returns the summary's fields."""
-    run.log.mark_preempting()
+    mark_preempting(run.log)
     if step > 0 and run.checkpointed != step:
         checkpoint_or_warn(run, step)  # a failed write leaves the previous checkpoint: its step is reported
-    return _preempted(run, step, abandoned=None)
+    stop = preemption.requested()  # the first rank's that received one: maybe not rank 0, which writes the summary
+    received = [r for r in run.pg.gather_objects(stop.record() if stop else None) if r is not None]
+    return _preempted(run, step, abandoned=None, received=received[0] if received else None)
 
 
 def abandoned(run: Run | None, error: preemption.StepAbandoned) -> dict[str, Any]:
     """The summary's fields when the grace period ran out inside a step: the last scheduled checkpoint stands."""
     if run is not None:
-        run.log.mark_preempting()
-    return _preempted(run, None, abandoned=str(error))
-
-
-def _preempted(run: Run | None, step: int | None, abandoned: str | None) -> dict[str, Any]:
+        mark_preempting(run.log)
     stop = preemption.requested()
+    return _preempted(run, None, abandoned=str(error), received=stop.record() if stop else None)
+
+
+def _preempted(
+    run: Run | None, step: int | None, abandoned: str | None, received: dict[str, Any] | None
+) -> dict[str, Any]:
     kept = run.checkpointed if run is not None else None
     record = {
-        **(stop.record() if stop else {"signal": None}),  # None: another rank received it
+        **(received or {"signal": None, "received_at": None}),
         "stopped_after_step": step,
         "checkpoint_step": kept,
         "abandoned": abandoned,
@@ -50,6 +55,7 @@ def _preempted(run: Run | None, step: int | None, abandoned: str | None) -> dict
         out.update(score_key=run.score_key, benchmark=run.cfg.benchmark.name, steps=run.cfg.trainer.total_steps)
         out["best_score"] = run.best
         out["initial_score"] = eval_scores(run.run_dir, run.score_key)[0]
+        out.update(health.summary_fields(run.cfg, run.run_dir))
     if run is None or run.pg.main:
         where = "nothing to resume from" if kept is None else f"checkpoint step_{kept}"
         logger.warning(

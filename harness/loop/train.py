@@ -8,13 +8,14 @@ mini-batch's rows with the policy sharded by FSDP2. With one process the collect
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from harness import distributed
+from harness import distributed, health
 from harness.config import RunConfig
 from harness.loop.checkpoint import checkpoint_or_warn
 from harness.loop.evaluate import eval_step
@@ -24,6 +25,7 @@ from harness.loop.runlog import finishing
 from harness.loop.state import Run, build_run, open_log
 from harness.loop.step import rl_step
 from harness.loop.stop import abandoned, stop_at, stop_requested
+from harness.loop.wandb_run import log_policy
 from harness.preemption import StepAbandoned, StopSignals
 from harness.rundir.files import read_jsonl
 
@@ -51,6 +53,8 @@ def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str
             summary.update(final_summary(run, summary))
             final = export_or_warn(run, "final", t.total_steps, summary["final_score"])
             summary["policy"] = None if final is None else str(final)
+            if final is not None and cfg.logger.log_model:
+                log_policy(log, final, t.total_steps, summary["final_score"])
             if run.failed_exports:
                 summary["policy_failed"] = run.failed_exports
         except StepAbandoned as e:  # the grace period ran out inside a step
@@ -71,6 +75,8 @@ def train_steps(run: Run) -> int | None:
             bar.close()
             return step - 1
         metrics = rl_step(run, step)
+        if step == 1 and run.pg.main:
+            warn_if_unhealthy(run, metrics)
         last = run.last_eval
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-")
         done = step == t.total_steps
@@ -94,6 +100,13 @@ def progress(run: Run) -> tqdm:
     )
 
 
+def warn_if_unhealthy(run: Run, metrics: dict[str, float]) -> None:
+    """The step-1 health check (harness/health.py): one line when the mismatch before the first update is high."""
+    line = health.check(metrics, health.expected_dose(run.cfg))[1]
+    if line:
+        tqdm.write(line, file=sys.stderr)
+
+
 def final_summary(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     """Scores for summary.json: the final evaluation (read back if a resumed run had finished its steps), the best,
     and the gain over the step-0 evaluation."""
@@ -110,6 +123,7 @@ def final_summary(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
         benchmark=run.cfg.benchmark.name,
         steps=run.cfg.trainer.total_steps,
     )
+    out.update(health.summary_fields(run.cfg, run.run_dir))
     if run.failed_saves:
         out["checkpoint_failed_steps"] = run.failed_saves
     initial = summary.get("initial_score")

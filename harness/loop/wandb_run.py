@@ -1,4 +1,5 @@
-"""How a run appears in W&B: its job type, name and group, and the top-level config fields dashboards filter by.
+"""How a run appears in W&B: its job type, name and group, and the top-level config fields dashboards filter by;
+and what the loop adds to a live W&B run (the preempting mark, the trained policy as a model artifact).
 
 - job_type: "train" or "eval" (`mode`), so grouping by job type never mixes evaluations in with training runs.
 - name: what tells the run apart from the others of its experiment: the objective (an eval run: `eval-<benchmark>`)
@@ -15,12 +16,18 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.config import RunConfig
+from harness.errors import first_line
+from harness.loop.runlog import NullLog, RunLog
 from harness.rundir.record import FREE
 from harness.rundir.wandb import WandbSettings
+
+logger = logging.getLogger(__name__)
 
 JOB_TYPES = ("train", "eval")
 # Beyond rundir.record.FREE: Hydra's own settings and caches. `hydra` and FREE's keys cover their sub-keys too.
@@ -98,3 +105,30 @@ def wandb_settings(cfg: RunConfig) -> WandbSettings | None:
         config=top_level_config(cfg),
         init_timeout_s=cfg.logger.init_timeout_s,
     )
+
+
+def mark_preempting(log: RunLog | NullLog) -> None:
+    """Tell W&B the run is being stopped from outside, so it shows as preempted rather than crashed."""
+    if log.wandb_run is None:
+        return
+    try:
+        log.wandb_run.mark_preempting()
+    except Exception as e:  # summary.json says preempted either way
+        logger.warning("W&B mark_preempting failed: %s", first_line(e))
+
+
+def log_policy(log: RunLog | NullLog, folder: Path, step: int, score: float | None) -> None:
+    """policy/final as a W&B model artifact, `policy-<run id>:final` (offline: staged in the run's wandb/ folder, sent
+    by `wandb sync`). The files are referenced where they lie (policy "immutable": nothing rewrites a finished
+    export), not copied. A failure costs one warning: the folder on disk is the policy."""
+    run = log.wandb_run
+    if run is None:
+        return
+    import wandb
+
+    try:
+        artifact = wandb.Artifact(f"policy-{run.id}", type="model", metadata={"step": step, "score": score})
+        artifact.add_dir(str(folder), policy="immutable")
+        run.log_artifact(artifact, aliases=["final", f"step-{step}"])
+    except Exception as e:
+        logger.warning("W&B model artifact failed (the policy is complete in %s): %s", folder, first_line(e))

@@ -61,27 +61,10 @@ class Objective:
     cfg: ObjectiveConfig
     fn: Callable[..., ObjectiveOutput]
 
-    def __call__(
-        self,
-        *,
-        logp: Tensor,
-        behavior_logp: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        old_logp: Tensor | None = None,
-        topk_logp: Tensor | None = None,
-        topk_behavior_logp: Tensor | None = None,
-    ) -> ObjectiveOutput:
-        return self.fn(
-            cfg=self.cfg,
-            logp=logp,
-            behavior_logp=behavior_logp,
-            advantages=advantages,
-            mask=mask,
-            old_logp=old_logp,
-            topk_logp=topk_logp,
-            topk_behavior_logp=topk_behavior_logp,
-        )
+    def __call__(self, **tensors: Tensor | None) -> ObjectiveOutput:
+        """logp, behavior_logp, advantages, mask (required), old_logp, topk_logp, topk_behavior_logp (when the
+        objective needs them), all [B, T] or [B, T, K]: `prepare` checks the names, shapes and values."""
+        return self.fn(cfg=self.cfg, **tensors)
 
     @property
     def needs_old(self) -> bool:
