@@ -62,6 +62,16 @@ def request(signum: int) -> None:
         _stop = Stop(signal.Signals(signum).name, datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic())
 
 
+_ended_preempted = 0  # runs of this process that ended "preempted" (a run whose last step was done completes)
+
+
+def ended_preempted(count: bool = False) -> int:
+    """How many runs of this process ended "preempted"; `count`: one more did."""
+    global _ended_preempted
+    _ended_preempted += int(count)
+    return _ended_preempted
+
+
 def clear() -> None:
     """Forget the stop received (a process that goes on to run another job deliberately, and tests)."""
     global _stop

@@ -170,8 +170,8 @@ def job_status(run_dir: Path) -> str:
 
 def sweep_exit_code() -> int:
     """0 after a completed run or sweep; the number of failed jobs (capped at 125) when any failed; else
-    PREEMPTED_EXIT_CODE (75) when a run or a sweep's job was stopped by a signal, so a launcher can requeue the
-    same command with trainer.resume=auto."""
+    PREEMPTED_EXIT_CODE (75) when a run or a sweep's job ended preempted (a signal during a run's last step lets it
+    complete: 0), so a launcher can requeue the same command with trainer.resume=auto."""
     if _sweep_failures:
         return min(len(_sweep_failures), MAX_EXIT_CODE)
-    return PREEMPTED_EXIT_CODE if _sweep_preempted or preemption.requested() is not None else 0
+    return PREEMPTED_EXIT_CODE if _sweep_preempted or preemption.ended_preempted() else 0

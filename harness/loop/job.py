@@ -118,6 +118,7 @@ def _not_started(run_dir: Path) -> None:
     from harness.rundir.files import atomic_write_json
 
     stop = preemption.requested()
+    preemption.ended_preempted(count=True)
     if rank_from_env() == 0 and stop is not None:
         record = {**stop.record(), "stopped_after_step": None, "checkpoint_step": None, "not_started": True}
         atomic_write_json(run_dir / "summary.json", {"status": "preempted", "error": None, "preempted": record})

@@ -51,6 +51,7 @@ def _preempted(
         "abandoned": abandoned,
     }
     out: dict[str, Any] = {"status": "preempted", "preempted": record}
+    preemption.ended_preempted(count=True)
     if run is not None:
         out.update(score_key=run.score_key, benchmark=run.cfg.benchmark.name, steps=run.cfg.trainer.total_steps)
         out["best_score"] = run.best
