@@ -18,7 +18,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,7 +39,6 @@ class StepAbandoned(BaseException):
 class Stop:
     signal: str
     received_at: str  # UTC, ISO 8601
-    monotonic: float
 
     def record(self) -> dict[str, Any]:
         return {"signal": self.signal, "received_at": self.received_at}
@@ -59,7 +57,7 @@ def request(signum: int) -> None:
     """Record a stop as the handler does (the first one wins)."""
     global _stop
     if _stop is None:
-        _stop = Stop(signal.Signals(signum).name, datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic())
+        _stop = Stop(signal.Signals(signum).name, datetime.now(UTC).isoformat(timespec="seconds"))
 
 
 _ended_preempted = 0  # runs of this process that ended "preempted" (a run whose last step was done completes)

@@ -44,23 +44,8 @@ def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
     directory (rank 0); the others check only, so every rank refuses alike."""
     resume = cfg.trainer.resume
     config = dataclasses.asdict(cfg)
-    if resume:
-        found = [p for _, p in reversed(complete_checkpoints(run_dir / CHECKPOINTS))]
-        bad = {p.name: why for p in found if (why := unreadable(p))}
-        if len(bad) == len(found):
-            if resume != "auto":
-                why = "; ".join(f"{name}: {reason}" for name, reason in bad.items())
-                tried = f"no readable checkpoint ({why})" if bad else "no checkpoint"
-                raise ResumeRefused(
-                    f"trainer.resume: {run_dir} has {tried} to resume from; run without trainer.resume, or with "
-                    "trainer.resume=auto to start fresh when there is none"
-                )
-            if bad and write:  # auto: a fresh start, the unreadable files kept aside, never deleted
-                aside = run_dir / f"{CHECKPOINTS}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
-                (run_dir / CHECKPOINTS).rename(aside)
-                print(f"warning: no readable checkpoint in {run_dir} ({', '.join(bad)}): starting afresh; the "
-                      f"files are kept in {aside}", file=sys.stderr)  # fmt: skip
-            resume = False  # auto, and nothing to continue: a fresh start
+    if resume and not _readable_checkpoint(run_dir, auto=resume == "auto", write=write):
+        resume = False  # auto, and nothing to continue: a fresh start
     if not resume:
         log = run_dir / "metrics.jsonl"
         if cfg.trainer.resume is False and log.exists() and log.stat().st_size:  # checked before anything is written
@@ -92,6 +77,28 @@ def guard(cfg: RunConfig, run_dir: Path, write: bool) -> None:
         with open(run_dir / CHANGES, "a", encoding="utf-8") as f:
             f.write(line + "\n")
         atomic_write_json(path, {"config": config, "hydra": _hydra_files(run_dir)})
+
+
+def _readable_checkpoint(run_dir: Path, auto: bool, write: bool) -> bool:
+    """Whether the run has a checkpoint that looks whole. When none does: without `auto` the resume is refused in
+    one line naming what was tried; with it, False, after the unreadable ones are moved aside (kept, not deleted)."""
+    found = [p for _, p in reversed(complete_checkpoints(run_dir / CHECKPOINTS))]
+    bad = {p.name: why for p in found if (why := unreadable(p))}
+    if len(bad) < len(found):
+        return True
+    if not auto:
+        why = "; ".join(f"{name}: {reason}" for name, reason in bad.items())
+        tried = f"no readable checkpoint ({why})" if bad else "no checkpoint"
+        raise ResumeRefused(
+            f"trainer.resume: {run_dir} has {tried} to resume from; run without trainer.resume, or with "
+            "trainer.resume=auto to start fresh when there is none"
+        )
+    if bad and write:
+        aside = run_dir / f"{CHECKPOINTS}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+        (run_dir / CHECKPOINTS).rename(aside)
+        print(f"warning: no readable checkpoint in {run_dir} ({', '.join(bad)}): starting afresh; the files are kept "
+              f"in {aside}", file=sys.stderr)  # fmt: skip
+    return False
 
 
 def _hydra_files(run_dir: Path) -> dict[str, str]:
