@@ -78,20 +78,19 @@ def test_sigterm_mid_run_checkpoints_that_step_and_the_resumed_run_ends_as_an_un
     summary = summary_of(run_dir)
     assert summary["status"] == "completed" and summary["resumed_from_step"] == k
 
-    if engine == "hf":  # vLLM's CPU batching is not bit-reproducible across restarts; HF's fp32 sampling is
-        straight = tmp_path / "straight"
-        # keep_checkpoints: checkpoints every step, the newest three kept (the schedule changes no number)
-        res = run(
-            [*command(*small_model, f"hydra.run.dir={straight}"), "trainer.checkpoint_every=1",
-             "trainer.keep_checkpoints=3"], tmp_path,
-        )  # fmt: skip
-        assert res.returncode == 0, res.stderr[-2000:]
-        assert sorted(p.name for p in (straight / "checkpoints").glob("step_*")) == ["step_4", "step_5", "step_6"]
-        assert same_metrics(straight, run_dir)
-        assert read_jsonl(straight / "eval.jsonl") == read_jsonl(run_dir / "eval.jsonl")
-        assert summary_of(straight)["final_score"] == summary["final_score"]
-        a, b = weights(straight, STEPS), weights(run_dir, STEPS)
-        assert all(torch.equal(a[name], b[name]) for name in a), "stopped-and-resumed weights differ"
+    straight = tmp_path / "straight"
+    # keep_checkpoints: checkpoints every step, the newest three kept (the schedule changes no number)
+    res = run(
+        [*command(*small_model, f"hydra.run.dir={straight}", engine=engine), "trainer.checkpoint_every=1",
+         "trainer.keep_checkpoints=3"], tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in (straight / "checkpoints").glob("step_*")) == ["step_4", "step_5", "step_6"]
+    assert same_metrics(straight, run_dir)
+    assert read_jsonl(straight / "eval.jsonl") == read_jsonl(run_dir / "eval.jsonl")
+    assert summary_of(straight)["final_score"] == summary["final_score"]
+    a, b = weights(straight, STEPS), weights(run_dir, STEPS)
+    assert all(torch.equal(a[name], b[name]) for name in a), "stopped-and-resumed weights differ"
 
 
 def test_a_stopped_sweep_reports_its_jobs_preempted_and_the_rerun_with_resume_auto_finishes_them(tmp_path, small_model):
