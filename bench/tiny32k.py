@@ -28,9 +28,18 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
 from tokenizers.models import BPE
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerFast
 
-from harness.models import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, build_once, default_cache_dir
+from harness.models import (
+    CHAT_TEMPLATE,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    build_once,
+    default_cache_dir,
+    tiny_generation_config,
+    tiny_qwen3,
+)
 from harness.tasks.arith import ArithConfig, demonstration, make_splits
 
 BUILD_VERSION = 1  # bump when the recipe below changes, so a stale cached folder is not reused
@@ -69,25 +78,8 @@ def _build_into(out: Path, cfg: Tiny32kConfig) -> None:
     if len(tokenizer) != cfg.vocab_size:
         raise RuntimeError(f"tiny32k: tokenizer has {len(tokenizer)} tokens, expected {cfg.vocab_size}")
     torch.manual_seed(cfg.seed)
-    model = Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=True,
-            bos_token_id=None,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
-    )
+    model = tiny_qwen3(cfg, tokenizer)
+    tiny_generation_config(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "tiny32k_build.json").write_text(json.dumps({"build": BUILD_VERSION, **asdict(cfg)}, indent=2) + "\n")

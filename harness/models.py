@@ -248,6 +248,35 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 # ---------------------------------------------------------------- building the tiny model
 
 
+def tiny_qwen3(sizes: object, tokenizer: PreTrainedTokenizerBase) -> Qwen3ForCausalLM:
+    """A freshly initialised Qwen3 with tied embeddings over `tokenizer`'s vocabulary, no BOS token, the tokenizer's
+    EOS and PAD; `sizes` has TinyModelConfig's size fields (hidden_size, num_layers, num_heads, num_kv_heads,
+    head_dim, intermediate_size, max_position_embeddings). The tiny preset and bench's tiny32k share it."""
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=sizes.hidden_size,
+            intermediate_size=sizes.intermediate_size,
+            num_hidden_layers=sizes.num_layers,
+            num_attention_heads=sizes.num_heads,
+            num_key_value_heads=sizes.num_kv_heads,
+            head_dim=sizes.head_dim,
+            max_position_embeddings=sizes.max_position_embeddings,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
+def tiny_generation_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Generation stops at the tokenizer's EOS, pads with its PAD, and starts with no BOS."""
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+    )
+
+
 def _build_into(out: Path, cfg: TinyModelConfig, task: ArithConfig, progress: bool) -> None:
     train, _ = make_splits(task)
     rng = random.Random(f"tiny:{cfg.seed}")
@@ -257,29 +286,12 @@ def _build_into(out: Path, cfg: TinyModelConfig, task: ArithConfig, progress: bo
     torch.use_deterministic_algorithms(True)
     try:
         torch.manual_seed(cfg.seed)
-        model = Qwen3ForCausalLM(
-            Qwen3Config(
-                vocab_size=len(tokenizer),
-                hidden_size=cfg.hidden_size,
-                intermediate_size=cfg.intermediate_size,
-                num_hidden_layers=cfg.num_layers,
-                num_attention_heads=cfg.num_heads,
-                num_key_value_heads=cfg.num_kv_heads,
-                head_dim=cfg.head_dim,
-                max_position_embeddings=cfg.max_position_embeddings,
-                tie_word_embeddings=True,
-                bos_token_id=None,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        )
+        model = tiny_qwen3(cfg, tokenizer)
         info = _sft(model, tokenizer, train, cfg, rng, progress)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
 
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
-    )
+    tiny_generation_config(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "tiny_build.json").write_text(
