@@ -127,15 +127,9 @@ lint: $(STAMP)  ## ruff: the lint rules and the formatter (README code blocks in
 clean:  ## remove caches (not the venv, not runs)
 	rm -rf .pytest_cache .ruff_cache
 
-# The verl adapter's extra (harness/integrations/verl.py, tests/test_integration_verl.py), installed without its
-# dependencies: verl 0.9.1 pins transformers<5.11 against our >=5.16.1, so a pyproject extra cannot resolve, and
-# its full set (ray[default], tensorboard, ...) would downgrade transformers and tokenizers. These are the packages
-# that `verl.trainer.ppo.core_algos` and verl's config classes import; torch, transformers and vLLM stay as they are.
-# pyvers (a tensordict dependency) asks for packaging<26 and works with ours.
-VERL_EXTRA = verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 ray==2.60.0 msgpack==1.2.4 orjson==3.13.0
-$(VENV)/.verl-extra: $(STAMP)
-	$(PY) -m pip install -q --no-compile --no-deps $(VERL_EXTRA)
-	touch $@
-
-.PHONY: verl-extra
-verl-extra: $(VENV)/.verl-extra  ## verl's policy-loss registry for the verl adapter (~20 s; ~80 MB, mostly ray)
+# The adapters' tests in the environments their users have: verl 0.9.1 with its own pins, TRL 1.16 and the oldest
+# TRL the adapter supports (1.8), each a venv under .integrations/ (built once per requirement line) holding the
+# wheel built from this checkout; `pip check` must be clean in each (tests/integrations.sh).
+.PHONY: test-integrations
+test-integrations: $(STAMP)  ## the verl and TRL adapter tests in venvs with verl 0.9.1, TRL 1.16 and TRL 1.8
+	PY=$(PY) tests/integrations.sh

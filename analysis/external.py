@@ -74,7 +74,7 @@ def read_external(spec: str) -> tuple[dict[str, Any], list[dict[str, Any]], list
     config: dict[str, Any] = {}
     if _is_wandb_folder(path):
         run = wandb_offline.read(path)
-        rows = run.history
+        rows = _trl_wandb_rows(run.history) if kind == "trl" else run.history
         config = {k: v for k, v in run.config.items() if not isinstance(v, dict | list)}  # TrainingArguments: flat
     elif kind == "trl":
         rows = _trl_history(path)
@@ -87,6 +87,24 @@ def read_external(spec: str) -> tuple[dict[str, Any], list[dict[str, Any]], list
 
 def _is_wandb_folder(path: Path) -> bool:
     return path.is_dir() and (any(path.glob("run-*.wandb")) or any(path.glob("**/offline-run-*/run-*.wandb")))
+
+
+def _trl_wandb_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A TRL run's W&B history as its log_history: transformers' WandbCallback logs each value as `train/<name>`
+    (`eval/<name>` for `eval_<name>`) with the optimizer step in `train/global_step`, and TRL adds `profiling/*`
+    timings in rows of their own; W&B's `_step` counts log calls, not steps."""
+    rows = []
+    for row in history:
+        step = row.get("train/global_step")
+        values = {}
+        for key, value in row.items():
+            if key.startswith("train/") and key != "train/global_step":
+                values[key.removeprefix("train/")] = value
+            elif key.startswith("eval/"):
+                values[_TRL_EVAL_PREFIX + key.removeprefix("eval/")] = value
+        if step is not None and values:
+            rows.append({"step": step, **values})
+    return rows
 
 
 def _trl_history(path: Path) -> list[dict[str, Any]]:
@@ -107,7 +125,9 @@ def _split(kind: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
         if not isinstance(step, int | float) or isinstance(step, bool):
             continue
         step = int(step)
-        for key, value in row.items():
+        # Names already ours come last, so they win over a framework name mapped to the same one (a verl run with
+        # our adapter logs objective/masked_frac and actor/pg_clipfrac, which counts over A = 0 tokens too).
+        for key, value in sorted(row.items(), key=lambda item: item[0].startswith(OURS)):
             if key in ("step", "epoch") or key.startswith("_") or not _number(value):
                 continue
             match = _VERL_EVAL.fullmatch(key) if kind == "verl" else None

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from harness.config import RunConfig
 from harness.rundir.files import read_jsonl
 
@@ -30,6 +32,20 @@ CAUSES = (
     "a trust region anchored on the trainer's recompute where the rollout's mu was meant",
     "a precision gap between the rollout copy and the trainer",
 )
+
+
+def mismatch_estimates(logp: torch.Tensor, mu_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """k1, k3 and mean |pi - mu| over the masked tokens, as 0-dim tensors (no host sync): what the adapters log and
+    check, under the names the harness's own loop logs them (harness.loop.diagnostics)."""
+    m = mask > 0
+    n = m.sum().clamp(min=1)
+    log_r = torch.where(m, logp.detach() - mu_logp, 0.0)
+    diff = (logp.detach().exp() - mu_logp.exp()).abs()
+    return {
+        "mismatch/k1": (-log_r).sum() / n,
+        "mismatch/k3": (torch.expm1(log_r) - log_r).sum() / n,
+        "mismatch/abs_prob_diff_mean": torch.where(m, diff, 0.0).sum() / n,
+    }
 
 
 def step_one(row: Mapping[str, Any]) -> dict[str, float]:

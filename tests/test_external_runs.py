@@ -101,11 +101,20 @@ def test_a_w_and_b_offline_trl_run_is_read_from_its_transaction_log(tmp_path, mo
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = wandb.init(project="p", dir=str(tmp_path), config={"loss_type": "dapo", "learning_rate": 1e-6})
+    # As a TRL run logs (seen in one, tests/test_integration_trl.py draws it): transformers' WandbCallback writes
+    # `train/<name>` and `eval/<name>` with the optimizer step in `train/global_step`, W&B's own step counting log
+    # calls; TRL's profiling timings come in rows of their own.
+    run.log({"profiling/Time taken: generate": 0.04, "train/global_step": 0})
     for k in (1, 2):
-        run.log({"reward": 0.5 * k, "entropy": 0.9, "train/global_step": k}, step=k)
+        run.log({"train/reward": 0.5 * k, "train/entropy": 0.9, "train/epoch": 0.1 * k, "train/global_step": k})
+        run.log({"profiling/Time taken: reward": 0.01, "train/global_step": k})
+    run.log({"eval/reward": 0.75, "eval/loss": 0.1, "train/global_step": 2})
     run.finish()
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
     rs = load_runs([f"trl:{folder}#exp"])
     m = rs.metrics.set_index("step")
     assert list(m.index) == [1, 2] and m.loc[2, "reward/mean"] == 1.0 and m.loc[1, "rollout/entropy"] == 0.9
+    assert not [c for c in m.columns if "profiling" in c or "global_step" in c or "epoch" in c]
+    evals = rs.evals.set_index("step")
+    assert evals.loc[2, "reward"] == 0.75 and evals.loc[2, "benchmark"] == "trl"
     assert rs.summaries.loc[0, "loss_type"] == "dapo"

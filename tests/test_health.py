@@ -38,6 +38,11 @@ def test_the_ratio_mean_is_one_plus_k3_minus_k1():
     ratio_mean = float(torch.exp(logp - mu)[mask > 0].mean())
     assert abs(ratio_mean - (1 + m["mismatch/k3"] - m["mismatch/k1"])) < 1e-6
     assert health.step_one(m)["ratio_mean_gap"] == pytest.approx(abs(ratio_mean - 1), abs=1e-6)
+    # The adapters' tensor version (no host sync) gives the loop's numbers on the same tokens.
+    adapters = health.mismatch_estimates(logp.requires_grad_(True), mu, mask)
+    assert all(not v.requires_grad and v.dim() == 0 for v in adapters.values())
+    for key, value in adapters.items():
+        assert float(value) == pytest.approx(m[key], rel=1e-5), key
 
 
 def test_no_dose_passes_and_records_its_values():

@@ -2,41 +2,66 @@
 
 Each step's loss, as the trainer computed it, must equal our objective on the same batch: logp from a plain forward
 of the model at that step's weights, mu = the log-probs of the policy that generated (HF generation), TRL's
-advantages broadcast over the completion, aggregated as the objective says.
+advantages broadcast over the completion, aggregated as the objective says. A real TRL run logged to W&B offline is
+drawn beside a harness run and a verl-format run. `make test-integrations` runs this file in venvs with TRL 1.16
+and 1.8 and the built wheel (HARNESS_TEST_MODEL names the small tiny model there); in the main venv it is skipped
+unless TRL is installed.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-pytest.importorskip("trl", reason="the trl extra is not installed: pip install -e '.[trl]'")
+pytest.importorskip("trl", reason="trl is not installed here: make test-integrations runs this file with TRL 1.16, 1.8")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from harness.config import compose, validate  # noqa: E402
+from harness.health import LIMITS  # noqa: E402
 from harness.integrations.trl import (  # noqa: E402
     TrustRegionGRPOTrainer,
     anchors,
     biased_sampling,
     check_version,
 )
-from harness.loop.model_path import model_dir  # noqa: E402
 from harness.objectives import aggregate, get_objective  # noqa: E402
-from harness.tasks.templates import render  # noqa: E402
 
 TOKENS = 8  # max_completion_length, and so the seq-mean-token-sum-norm horizon
 PAIRS = [(1, 2), (3, 4), (5, 6), (7, 8)]
 
 
 @pytest.fixture(scope="module")
-def model_path(small_model: list[str]) -> str:
-    return str(model_dir(validate(compose(*small_model))))
+def model_path(request: pytest.FixtureRequest) -> str:
+    """The small tiny model: HARNESS_TEST_MODEL where the harness's model builder is not installed (the
+    integration venvs), else built or found by the suite's own fixture."""
+    if os.environ.get("HARNESS_TEST_MODEL"):
+        return os.environ["HARNESS_TEST_MODEL"]
+    from harness.config import compose, validate
+    from harness.loop.model_path import model_dir
+
+    return str(model_dir(validate(compose(*request.getfixturevalue("small_model")))))
+
+
+def arithmetic(tokenizer: Any) -> Dataset:
+    return Dataset.from_dict(
+        {
+            "prompt": [  # the harness's "chat" template (harness.tasks.templates), which needs the train extra
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True, tokenize=False
+                )
+                for a, b in PAIRS
+            ],
+            "answer": [str(a + b) for a, b in PAIRS],
+        }
+    )
 
 
 def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
@@ -79,14 +104,8 @@ class Recording(TrustRegionGRPOTrainer):
 @pytest.mark.parametrize("name", ["dppo", "drpo"])
 def test_trl_trains_with_our_objective_and_its_loss_is_ours(tmp_path, model_path, name):
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    data = Dataset.from_dict(
-        {
-            "prompt": [render(tokenizer, f"What is {a} + {b}?", "chat") for a, b in PAIRS],
-            "answer": [str(a + b) for a, b in PAIRS],
-        }
-    )
     trainer = Recording(
-        model=model_path, reward_funcs=[reward], args=config(tmp_path), train_dataset=data,
+        model=model_path, reward_funcs=[reward], args=config(tmp_path), train_dataset=arithmetic(tokenizer),
         processing_class=tokenizer, objective=name,
     )  # fmt: skip
     trainer.steps = []
@@ -125,6 +144,68 @@ def test_trl_trains_with_our_objective_and_its_loss_is_ours(tmp_path, model_path
     moved = max((trainer.model.state_dict()[k] - v).abs().max().item() for k, v in before.items())
     assert moved > 1e-4
 
+    # The step-1 health check ran on the first update: HF generation, mu = pi there, so nothing is over a limit.
+    assert trainer.health["over"] == [] and trainer.health["limits"] == LIMITS
+    assert trainer.health["values"]["k3"] == pytest.approx(0.0, abs=1e-6)
+    assert trainer.behavior == {
+        "anchor": "behavior", "mu_from": "trl recompute at generation",
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": trainer.args.top_k, "min_p": None},
+    }  # fmt: skip
+    assert trainer.state.log_history[1]["mismatch/k3"] > 1e-4  # the reused batch: pi moved off mu
+
+
+def test_the_health_check_names_trls_causes_when_mu_strays(caplog):
+    trainer = SimpleNamespace(health=None)
+    metrics = {"mismatch/k1": torch.tensor(0.01), "mismatch/k3": torch.tensor(0.2),
+               "mismatch/abs_prob_diff_mean": torch.tensor(0.001)}  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="harness.integrations.trl"):
+        TrustRegionGRPOTrainer.check_health(trainer, metrics)
+    assert trainer.health["over"] == ["ratio_mean_gap", "k3"]  # |k3 - k1| = 0.19 > 0.05, k3 0.2 > 0.01
+    assert "TrustRegionGRPOTrainer: health check after step 1: the training-inference mismatch is high" in caplog.text
+    assert "GRPOConfig.top_p/top_k/min_p/repetition_penalty with use_vllm" in caplog.text
+
+
+@pytest.mark.slow  # TRL trains the small model, wandb-core writes the offline run
+def test_a_real_trl_run_logged_to_wandb_is_drawn_beside_a_harness_and_a_verl_run(tmp_path, model_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="analysis extra not installed")
+    from analysis.__main__ import build_experiment
+    from analysis.figures import draw
+    from analysis.load import load_runs
+    from tests.test_external_runs import harness_run, verl_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    (tmp_path / "wb").mkdir()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    trainer = TrustRegionGRPOTrainer(
+        model=model_path, reward_funcs=[reward], args=config(tmp_path / "trl", report_to="wandb", max_steps=2),
+        train_dataset=arithmetic(tokenizer), processing_class=tokenizer, objective="dppo",
+    )  # fmt: skip
+    trainer.train()
+    import wandb
+
+    wandb.finish()
+    (run_folder,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
+    roots = [
+        str(harness_run(tmp_path / "outputs")),
+        f"trl:{run_folder}#exp",
+        f"verl:{verl_run(tmp_path / 'v.jsonl')}#exp",
+    ]
+    rs = load_runs(roots).experiment("exp")
+    trl_rows = rs.metrics[rs.metrics["objective"] == "trl"].set_index("step")
+    assert list(trl_rows.index) == [1, 2]
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}  # the training entries
+    assert trl_rows.loc[1, "reward/mean"] == pytest.approx(logged[1]["reward"])  # TRL's name, mapped
+    for step in (1, 2):  # step 2 trains the same generation batch again: TRL logs no reward for it
+        assert trl_rows.loc[step, "objective/masked_frac"] == pytest.approx(logged[step]["objective/masked_frac"])
+        assert trl_rows.loc[step, "mismatch/k3"] == pytest.approx(logged[step]["mismatch/k3"])
+        assert trl_rows.loc[step, "optim/loss"] == pytest.approx(logged[step]["loss"])
+    fig = draw("reward_curves", rs.metrics, title="exp")
+    labels = sorted({label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]})
+    assert labels == ["dppo (n=1)", "trl (n=1)", "verl (n=1)"], labels
+    written, _ = build_experiment(rs, "exp", tmp_path / "figures")
+    assert {"reward_curves.png", "mismatch.png"} <= {p.name for p in written}
+
 
 def test_trl_adapter_refuses_what_it_cannot_reproduce(tmp_path, model_path):
     kw = dict(model=model_path, reward_funcs=[reward], train_dataset=Dataset.from_dict({"prompt": ["1 + 1"]}))
@@ -150,7 +231,12 @@ def test_trl_adapter_refuses_liger_and_biased_vllm_sampling_before_building_anyt
     assert biased_sampling(args) is None
 
 
-def test_trl_version_outside_the_tested_range_is_one_line():
+def test_trl_version_outside_the_tested_range_is_one_line(tmp_path, model_path, monkeypatch):
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", "1.17.0")  # the trainer checks at construction, before TRL's __init__
+    with pytest.raises(ImportError, match=r"^trl 1.17.0: TrustRegionGRPOTrainer supports trl 1.8 to 1.16.x"):
+        TrustRegionGRPOTrainer(model=model_path, reward_funcs=[reward], args=config(tmp_path))
     check_version("1.8.0")
     check_version("1.16.3")
     for version in ("1.7.2", "1.17.0", "2.0.0"):

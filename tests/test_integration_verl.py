@@ -1,14 +1,23 @@
-"""The verl adapter (harness/integrations/verl.py), run through verl itself.
+"""The verl adapter (harness/integrations/verl.py), run through verl itself (the verl extra, or `make
+test-integrations`, which runs this file in a verl 0.9.1 environment with the built wheel installed).
 
-verl's own `get_policy_loss_fn("tr_<name>")`, called with verl's own actor config class the way verl's ppo_loss
-calls it, must give our objective's loss and gradient under every aggregation mode; and DPPO's gradient must equal
-verl's built-in `dppo_tv` / `dppo_kl` set to the same delta and no IS truncation (their loss *values* differ by
-form: verl's is -A w M log pi, ours -A w M, objectives.md §1).
+verl's own `get_policy_loss_fn(<name>)`, called with verl's own actor config class the way verl's ppo_loss calls it,
+must give our objective's loss and gradient under every aggregation mode, with the values verl's config sets (read
+as verl's built-in losses read them); DPPO's gradient and clip fraction must equal verl's built-in `dppo_tv` /
+`dppo_kl` under the same config (their loss *values* differ by form: verl's is -A w M log pi, ours -A w M,
+objectives.md §1); the mismatch metrics must be verl's rollout_corr ones. Along the path verl's driver and workers
+take, as far as it runs on CPU: verl's own Hydra config, its validate_config (refuses a recompute anchor), its
+apply_bypass_mode on a DataProto, omega_conf_to_dataclass to the worker's actor config, and the worker's
+`verl.workers.utils.losses.ppo_loss` on a tiny Qwen3's log-probs of its own samples, through backward and an
+optimizer step. It stops before verl's FSDP engine, Ray workers and vLLM rollout, which need GPUs.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +28,8 @@ from harness.objectives import AGG_MODES, OBJECTIVE_NAMES, aggregate, get_object
 # find_spec, not importorskip: importing verl costs ~15 s of CPU, and every pytest-xdist worker collects every file;
 # only the worker that runs these tests pays it (the `api` fixture).
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("verl") is None, reason="the verl extra is not installed: make verl-extra"
+    importlib.util.find_spec("verl") is None,
+    reason="verl is not installed here: make test-integrations runs this file in a verl 0.9.1 venv",
 )
 
 H = 16  # seq-mean-token-sum-norm's constant horizon (verl: actor.loss_scale_factor)
@@ -27,6 +37,24 @@ LENGTHS = [12, 5, 9, 2, 0, 7, 10]  # uneven; the empty row must drop out of ever
 ADV = [1.0, -0.7, 0.0, -1.3, 0.4, 0.6, -0.9]  # per sequence, both signs and A = 0
 T = max(LENGTHS)
 TIGHT = {"rtol": 1e-7, "atol": 1e-12}  # float64; verl's seq-mean-token-mean adds 1e-8 to each row's token count
+# verl actor values unlike every preset's, and what each objective must then use (hand-derived from VERL_KEYS and
+# verl's reading: clip_ratio_low/high, clip_ratio for one-radius objectives, clip_ratio_c as DPPO's IS cap).
+VERL_VALUES = {"clip_ratio": 0.25, "clip_ratio_low": 0.1, "clip_ratio_high": 0.3, "clip_ratio_c": 50.0}
+DPPO_FROM_VERL = {"delta_low": 0.1, "delta_high": 0.3, "is_cap": 50.0}
+CLIP_FROM_VERL = {"eps_low": 0.1, "eps_high": 0.3}
+EXPECTED = {
+    "dppo": DPPO_FROM_VERL,
+    "dppo_kl": DPPO_FROM_VERL,
+    "mask_neg": {"delta_low": 0.1, "delta_high": math.inf, "is_cap": 50.0},  # its open upper side stays open
+    "ppo": CLIP_FROM_VERL,
+    "grpo": CLIP_FROM_VERL,
+    "grpo_relax": CLIP_FROM_VERL,
+    "cispo_minimax": {"eps_low": None, "eps_high": 0.3},  # MiniMax's CISPO clips one side only
+    "spo": {"eps": 0.25},
+    "drpo": {"delta": 0.25},
+    "drpo_mask": {"delta": 0.25},
+    "drpo_no_absadv": {"delta": 0.25},
+}  # the rest (cispo, pg_is, pg_tis, penalty_*) have no field verl sets: their presets stand
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +105,11 @@ def loss_and_grad(fn, x: dict[str, torch.Tensor], **kw) -> tuple[torch.Tensor, t
     return loss.detach(), log_prob.grad, metrics
 
 
-def ours(name: str, x: dict[str, torch.Tensor], mode: str, weights: torch.Tensor | None):
+def ours(name: str, x: dict[str, torch.Tensor], mode: str, weights: torch.Tensor | None, **values):
     """The reference: our objective on the same tensors, mu = verl's old_log_prob, our own aggregate()."""
     log_prob = x["log_prob"].clone().requires_grad_(True)
     mask = x["response_mask"]
-    out = get_objective(name)(
+    out = get_objective(name, **values)(
         logp=log_prob, behavior_logp=x["old_log_prob"], advantages=x["advantages"], mask=mask.double()
     )
     loss_mat = out.loss_mat if weights is None else out.loss_mat * weights
@@ -90,22 +118,34 @@ def ours(name: str, x: dict[str, torch.Tensor], mode: str, weights: torch.Tensor
     return loss.detach(), log_prob.grad, out.metrics
 
 
-def test_registration_and_its_errors(api):
+def test_registration_names_and_errors(api):
     adapter = api.adapter
-    assert sorted([*adapter.REGISTERED.values(), *adapter.SKIPPED]) == sorted(OBJECTIVE_NAMES)
+    assert sorted({*adapter.REGISTERED.values(), *adapter.SKIPPED}) == sorted(OBJECTIVE_NAMES)
     assert {"dppo_topk_tv", "dppo_topk_kl", "dppo_recompute", "minirl"} <= set(adapter.SKIPPED)
+    # The harness name, and tr_<name>; where verl has its own loss of that name, verl's stays and ours is tr_ only.
+    assert adapter.REGISTERED["dppo"] == adapter.REGISTERED["tr_dppo"] == "dppo"
+    assert api.get_policy_loss_fn("drpo").objective.name == "drpo"
+    for verls in ("dppo_kl", "cispo"):
+        assert not isinstance(api.get_policy_loss_fn(verls), adapter.VerlPolicyLoss), verls
+        assert api.get_policy_loss_fn(f"tr_{verls}").objective.name == verls
     with pytest.raises(ValueError, match=r"^objective 'minirl' cannot run as a verl policy loss: anchor=old"):
         adapter.register("minirl")
     with pytest.raises(ValueError, match="'dppo_tv' is one of verl's own"):
         adapter.register("dppo", "dppo_tv")
-    # Other values are a variant under its own name (what a user registers for a sweep).
-    assert adapter.register("dppo", "tr_dppo_d02", delta=0.2) == "tr_dppo_d02"
-    assert api.get_policy_loss_fn("tr_dppo_d02").objective.cfg.delta == 0.2
+    # Values verl has no key for are a variant under its own name (what a user registers for a sweep).
+    assert adapter.register("penalty_kl", "tr_penalty_kl_b01", beta=0.1) == "tr_penalty_kl_b01"
+    assert api.get_policy_loss_fn("tr_penalty_kl_b01").objective.cfg.beta == 0.1
+
+
+def test_verl_version_outside_the_tested_range_is_one_line(api):
+    api.adapter.check_version("0.9.1")
+    with pytest.raises(ImportError, match=r"^verl 0\.10\.0: harness.integrations.verl supports verl 0\.9\.x"):
+        api.adapter.check_version("0.10.0")
 
 
 @pytest.mark.parametrize("name", OBJECTIVE_NAMES)
-def test_verl_runs_our_objective(api, name):
-    """verl's tr_<name> = our objective + the same aggregation; an objective verl cannot feed is not registered."""
+def test_verl_runs_our_objective_with_verls_values(api, name):
+    """verl's <name> = our objective with the values verl's config sets (EXPECTED) + the same aggregation."""
     obj = get_objective(name)
     if obj.cfg.needs_topk or obj.needs_old:
         assert name in api.adapter.SKIPPED
@@ -114,31 +154,195 @@ def test_verl_runs_our_objective(api, name):
         return
     fn = api.get_policy_loss_fn(f"tr_{name}")
     x = inputs()
-    cfg = actor_config(api)
+    cfg = actor_config(api, **VERL_VALUES)
+    expected = EXPECTED.get(name, {})
+    resolved, values = fn.resolve(cfg)
+    open_sides = {k for k, v in expected.items() if v is None or v == math.inf}  # the preset's, kept
+    assert values == {k: v for k, v in expected.items() if k not in open_sides}
+    for field, value in expected.items():
+        assert getattr(resolved.cfg, field) == value, field
     for mode in AGG_MODES:
         for weights in (None, x["rollout_is_weights"]) if mode == "token-mean" else (None,):
             loss, grad, metrics = loss_and_grad(fn, x, loss_agg_mode=mode, config=cfg, rollout_is_weights=weights)
-            ref_loss, ref_grad, ref_metrics = ours(name, x, mode, weights)
+            ref_loss, ref_grad, ref_metrics = ours(name, x, mode, weights, **expected)
             torch.testing.assert_close(loss, ref_loss, **TIGHT, msg=f"{name} {mode} loss")
             torch.testing.assert_close(grad, ref_grad, **TIGHT, msg=f"{name} {mode} grad")
             assert grad[~x["response_mask"]].abs().max() == 0  # padding gets no gradient
-    assert metrics.keys() == {*ref_metrics, "actor/ppo_kl"}
+    verl_names = {"actor/pg_clipfrac", "actor/ppo_kl", "rollout_corr/kl", "rollout_corr/k3_kl"}
+    assert verl_names | {"rollout_corr/abs_prob_diff_mean", "mismatch/k1", "mismatch/k3"} <= metrics.keys()
     for key, value in ref_metrics.items():
         torch.testing.assert_close(metrics[key], value, msg=key)
+    # verl's denominator (every response token) for verl's name; ours counts over the tokens with A != 0
+    m = x["response_mask"]
+    share = (m & (x["advantages"] != 0)).sum() / m.sum()
+    torch.testing.assert_close(metrics["actor/pg_clipfrac"], ref_metrics["objective/masked_frac"] * share)
 
 
-@pytest.mark.parametrize(("name", "verl_name", "delta"), [("dppo", "dppo_tv", 0.15), ("dppo_kl", "dppo_kl", 0.05)])
-def test_dppo_gradient_equals_verls_builtin(api, name, verl_name, delta):
+@pytest.mark.parametrize(("name", "verl_name"), [("dppo", "dppo_tv"), ("dppo_kl", "dppo_kl")])
+@pytest.mark.parametrize("delta", [0.05, 0.15])
+def test_dppo_equals_verls_builtin_under_the_same_config(api, name, verl_name, delta):
+    """One verl config, including its clip_ratio_c default of 3 (verl's dppo_tv reads it as the IS cap, and so
+    does ours): the same gradient, the same clip fraction, the same ppo_kl."""
     x = inputs(seed=1)
-    # The same thresholds, and verl's TIS cap lifted to our is_cap (its config default of 3 would truncate, P3).
-    cfg = actor_config(api, clip_ratio=delta, clip_ratio_low=delta, clip_ratio_high=delta, clip_ratio_c=1e4)
-    assert get_objective(name).cfg.delta == delta and get_objective(name).cfg.is_cap == 1e4
+    # verl's clip fraction also counts A = 0 tokens its negative-side test fails (they carry no gradient): no
+    # such tokens here, so the fractions must agree exactly.
+    x["advantages"] = torch.where(x["advantages"] == 0, 0.3, x["advantages"])
+    cfg = actor_config(api, clip_ratio=delta, clip_ratio_low=delta, clip_ratio_high=delta)
+    assert cfg.clip_ratio_c == 3.0
     for mode in AGG_MODES:
         for weights in (None, x["rollout_is_weights"]):
             kw = {"loss_agg_mode": mode, "config": cfg, "rollout_is_weights": weights}
             _, grad, metrics = loss_and_grad(api.get_policy_loss_fn(f"tr_{name}"), x, **kw)
             _, verl_grad, verl_metrics = loss_and_grad(api.get_policy_loss_fn(verl_name), x, **kw)
             torch.testing.assert_close(grad, verl_grad, **TIGHT, msg=f"tr_{name} vs {verl_name}, {mode}")
-    # The inputs exercise both directions of the mask, and the mismatch metric is verl's own.
+    # The inputs exercise both directions of the mask and the IS cap; the metrics are verl's own.
     assert metrics["objective/masked_frac_pos"] > 0 and metrics["objective/masked_frac_neg"] > 0
+    assert metrics["objective/is_capped_frac"] > 0
+    assert metrics["actor/pg_clipfrac"].item() == pytest.approx(
+        verl_metrics["actor/pg_clipfrac"], rel=1e-6
+    )  # float32 counts
     assert metrics["actor/ppo_kl"].item() == pytest.approx(verl_metrics["actor/ppo_kl"], rel=1e-12)
+
+
+def test_mismatch_metrics_are_verls_rollout_corr_ones(api):
+    from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
+
+    x = inputs(seed=2)
+    _, _, metrics = loss_and_grad(api.get_policy_loss_fn("dppo"), x, config=actor_config(api))
+    # verl computes them between its trainer log-probs and the rollout's: here pi (log_prob) and mu (old_log_prob).
+    verl = compute_offpolicy_metrics(x["log_prob"], x["old_log_prob"], x["response_mask"])
+    assert metrics["rollout_corr/kl"].item() == pytest.approx(verl["kl"], rel=1e-9)
+    assert metrics["rollout_corr/k3_kl"].item() == pytest.approx(verl["k3_kl"], rel=1e-9)
+    m = x["response_mask"]
+    by_hand = (x["log_prob"].exp() - x["old_log_prob"].exp()).abs()[m].mean()
+    assert metrics["rollout_corr/abs_prob_diff_mean"].item() == pytest.approx(float(by_hand), rel=1e-12)
+
+
+def test_the_first_call_names_a_recompute_and_a_high_mismatch(api, caplog):
+    adapter = api.adapter
+    x = inputs(seed=3)
+    recompute = dict(x, old_log_prob=x["log_prob"].clone())  # mu == pi bit for bit: what a recompute gives
+    fn = adapter.VerlPolicyLoss("dppo", {}, "dppo")
+    with caplog.at_level(logging.WARNING, logger=adapter.__name__):
+        loss_and_grad(fn, recompute, config=actor_config(api))
+        loss_and_grad(fn, x, config=actor_config(api))  # not the first call: no second check
+    assert fn.first_call["mu_is_recompute"] is True and fn.first_call["health"]["over"] == []
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["verl policy loss dppo"]
+    assert "is a recompute, not the rollout's mu; set algorithm.rollout_correction.bypass_mode=true" in caplog.text
+
+    caplog.clear()
+    fn = adapter.VerlPolicyLoss("dppo", {}, "dppo")
+    with caplog.at_level(logging.WARNING, logger=adapter.__name__):
+        loss_and_grad(fn, x, config=actor_config(api))  # |pi - mu| up to 0.35: far past every limit
+    assert fn.first_call["mu_is_recompute"] is False
+    assert set(fn.first_call["health"]["over"]) == {"ratio_mean_gap", "k3", "abs_prob_diff_mean"}
+    assert "health check after step 1: the training-inference mismatch is high" in caplog.text
+    assert "actor_rollout_ref.rollout.top_p" in caplog.text  # the causes name verl's settings
+
+
+def verl_job(**overrides: str):
+    """verl's own job config (verl/trainer/config/ppo_trainer.yaml), composed by Hydra as main_ppo composes it."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None):
+        return compose("ppo_trainer", overrides=[f"{k}={v}" for k, v in overrides.items()])
+
+
+LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
+BYPASS = "algorithm.rollout_correction.bypass_mode"
+
+
+def test_driver_refuses_a_recompute_anchor_in_one_line_before_anything_is_built(api):
+    from verl.utils.config import validate_config  # what main_ppo imports: the adapter's guard wraps it
+
+    job = verl_job(**{LOSS: "drpo"})
+    with pytest.raises(ValueError) as e:
+        validate_config(job, use_reference_policy=False, use_critic=False)
+    assert str(e.value) == (
+        "actor_rollout_ref.actor.policy_loss.loss_mode=drpo: this objective's trust region is anchored on the "
+        "rollout's log-probs mu, which verl passes only in bypass mode; set algorithm.rollout_correction."
+        "bypass_mode=true (otherwise old_log_prob is the actor's recompute)"
+    )
+    job = verl_job(**{LOSS: "drpo", BYPASS: "true", "actor_rollout_ref.rollout.calculate_log_probs": "false"})
+    with pytest.raises(ValueError, match=r"set actor_rollout_ref\.rollout\.calculate_log_probs=true \("):
+        api.adapter.check_config(job)
+    api.adapter.check_config(verl_job(**{LOSS: "drpo", BYPASS: "true"}))
+    api.adapter.check_config(verl_job(**{LOSS: "vanilla"}))  # verl's own losses: not ours to judge
+
+
+def test_a_worker_trains_our_loss_on_a_tiny_model_in_bypass_mode(api):
+    """Driver: bypass mode sets old_log_probs = the rollout's log-probs, and loss_mode stays ours (verl 0.9.1 would
+    rewrite it to bypass_mode; verl's own losses still are). Worker: the actor config as verl converts it, and
+    verl's ppo_loss on a tiny Qwen3's log-probs of its own samples; the loss is our objective's, and it trains."""
+    from tensordict import TensorDict
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from verl import DataProto
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
+    from verl.utils import tensordict_utils
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    job = verl_job(**{LOSS: "vanilla", BYPASS: "true"})
+    apply_bypass_mode(DataProto.from_dict({"rollout_log_probs": torch.zeros(1, 1)}), job.algorithm.rollout_correction,
+                      job.actor_rollout_ref.actor.policy_loss)  # fmt: skip
+    assert job.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"  # verl's behaviour for its own
+
+    job = verl_job(**{
+        LOSS: "dppo", BYPASS: "true", "actor_rollout_ref.actor.clip_ratio_low": "0.15",
+        "actor_rollout_ref.actor.clip_ratio_high": "0.15", "actor_rollout_ref.actor.clip_ratio_c": "10000",
+        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.loss_scale_factor": "6", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "4",
+        "actor_rollout_ref.rollout.n": "2",
+    })  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None,
+        eos_token_id=1, pad_token_id=0,
+    ))  # fmt: skip
+    B, P, R = 4, 3, 6
+    prompts = torch.randint(2, 64, (B, P))
+    with torch.no_grad():
+        gen = model.generate(
+            prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=R, min_new_tokens=R,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+    responses = gen.sequences[:, P:]
+    rollout_logp = torch.stack(gen.logits, 1).float().log_softmax(-1).gather(-1, responses[..., None])[..., 0]
+    rollout_logp = rollout_logp + 0.05 * torch.randn(B, R)  # the engine's mismatch: mu is not the trainer's pi
+
+    batch = DataProto.from_dict({"rollout_log_probs": rollout_logp, "old_log_probs": torch.zeros(B, R)})
+    apply_bypass_mode(batch, job.algorithm.rollout_correction, job.actor_rollout_ref.actor.policy_loss)
+    assert job.actor_rollout_ref.actor.policy_loss.loss_mode == "dppo"
+    assert torch.equal(batch.batch["old_log_probs"], rollout_logp)
+
+    actor = omega_conf_to_dataclass(job.actor_rollout_ref.actor)
+    assert (actor.policy_loss.loss_mode, actor.clip_ratio_low, actor.clip_ratio_c) == ("dppo", 0.15, 10000.0)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(B, R).clone()
+    mask = torch.ones(B, R)
+    data = TensorDict({
+        "prompts": prompts, "responses": responses, "attention_mask": torch.ones(B, P + R, dtype=torch.long),
+        "response_mask": mask, "old_log_probs": batch.batch["old_log_probs"], "advantages": adv,
+    }, batch_size=[B])  # fmt: skip
+    for key, value in {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None}.items():
+        tensordict_utils.assign_non_tensor_data(data, key, value)
+
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    seq = torch.cat([prompts, responses], 1)
+    logp_all = model(seq).logits.float()[:, :-1].log_softmax(-1).gather(-1, seq[:, 1:, None])[..., 0]
+    # verl's engine output: the sequences unpadded and concatenated, position j holding log p(token j+1).
+    flat = torch.cat([logp_all, torch.zeros(B, 1)], 1).reshape(-1)
+    loss, metrics = ppo_loss(actor, {"log_probs": flat}, data)
+    logp = logp_all[:, P - 1 :]
+    ref = aggregate(
+        get_objective("dppo")(logp=logp, behavior_logp=rollout_logp, advantages=adv, mask=mask).loss_mat,
+        mask, "seq-mean-token-sum-norm", 6,
+    )  # fmt: skip
+    torch.testing.assert_close(loss, ref)
+    assert {"actor/pg_clipfrac", "rollout_corr/k3_kl", "objective/masked_frac", "actor/pg_loss"} <= metrics.keys()
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    moved = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
+    assert "lm_head.weight" in moved or "model.embed_tokens.weight" in moved
+    assert len(moved) >= len(before) // 2

@@ -31,7 +31,7 @@ for name in ("transformers", "tokenizers", "safetensors", "huggingface_hub", "tq
     sys.modules[name] = None
 import harness
 from harness.objectives import OBJECTIVE_NAMES, get_objective
-import harness.logprobs, harness.divergence, harness.advantages
+import harness.logprobs, harness.divergence, harness.advantages, harness.health
 dppo = get_objective("dppo")
 print(json.dumps({"file": harness.__file__, "names": list(OBJECTIVE_NAMES),
                   "dppo": [dppo.cfg.family, dppo.cfg.divergence, dppo.cfg.delta]}))
@@ -76,6 +76,9 @@ def test_wheel_installs_with_every_preset(tmp_path):
     # (which pins transformers below 5.11) or TRL; the model stack is the `hf` extra, the exact CPU pins the `cpu` one.
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        entry_points = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
+    # `import verl` loads the "verl.plugins" group: installed beside verl, our losses are registered everywhere.
+    assert "[verl.plugins]\ntrust_region_harness = harness.integrations.verl" in entry_points, entry_points
     requires = [line.removeprefix("Requires-Dist: ") for line in meta.splitlines() if line.startswith("Requires-Dist")]
     core = [r for r in requires if "extra ==" not in r]
     assert {_name(r) for r in core} == {"torch", "numpy", "omegaconf"}, core
@@ -101,10 +104,12 @@ def test_every_third_party_import_is_declared():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     groups = {"core": project["dependencies"], **project["optional-dependencies"]}
     declared = {_name(r) for reqs in groups.values() for r in reqs}
-    # verl cannot be a pyproject extra (it pins transformers<5.11); `make verl-extra` installs it --no-deps.
-    verl_extra = re.search(r"^VERL_EXTRA = (.+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
-    assert verl_extra, "Makefile: VERL_EXTRA (the verl adapter's packages) not found"
-    declared |= {_name(r) for r in verl_extra.group(1).split()}
+    # verl cannot be a pyproject extra (it pins transformers<5.11): its venv's requirements are in
+    # tests/integrations.sh (`"<name>|<requirements>|<extras>|<test file>"`, make test-integrations).
+    script = (ROOT / "tests" / "integrations.sh").read_text(encoding="utf-8")
+    envs = re.findall(r'^  "[\w.-]+\|([^|"]*)\|', script, re.M)
+    assert len(envs) == 3, "tests/integrations.sh: the verl and TRL environments not found"
+    declared |= {_name(r) for line in envs for r in line.split()}
     ours = {"harness", "analysis", "bench", "tests", "run", "dist_worker", "conftest", "__future__"}
     files = [ROOT / "run.py", *(f for d in ("harness", "analysis", "bench", "tests") for f in (ROOT / d).rglob("*.py"))]
     imported: dict[str, str] = {}

@@ -34,6 +34,7 @@ beside TRL's, and under TRL's names where TRL has one (clip_ratio/region_mean, _
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +43,10 @@ import trl
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
+from harness import health
 from harness.objectives import Objective, aggregate, get_objective
+
+log = logging.getLogger(__name__)
 
 # The extra forward inputs of TRL's multimodal models, passed on to its log-prob helper as its own loss does.
 _FORWARD_KEYS = (
@@ -74,6 +78,12 @@ def anchors(inputs: Mapping[str, Any], logp: Tensor) -> tuple[Tensor, Tensor]:
 # TRL's GRPOTrainer internals this trainer relies on: `args.entropy_coef` (1.8) and the three values of
 # `_get_per_token_logps_and_entropies` (1.7); tested at 1.8 and at 1.16, the version the extra pins.
 TRL_SUPPORTED = ((1, 8), (1, 16))
+TRL_CAUSES = (
+    "GRPOConfig.top_p/top_k/min_p/repetition_penalty with use_vllm (vLLM reports log-probs of the unmodified "
+    "distribution; allowed here by allow_biased_sampling=True)",
+    "mu taken from TRL's recompute (old_per_token_logps) where the sampler's was meant",
+    "a precision gap between the vLLM engine and the trainer (vllm dtype, bf16 against fp32)",
+)
 # TRL's metric names for the objective's own, logged beside ours so TRL dashboards keep working.
 TRL_NAMES = {
     "objective/masked_frac": "clip_ratio/region_mean",
@@ -173,6 +183,13 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
             raise ValueError(refused)
         _check_sampling(self.args, allow_biased_sampling)
         self.horizon = horizon or self.args.max_completion_length
+        # What a reader needs to judge the mismatch numbers, and the step-1 health check (set at the first update).
+        self.behavior = {
+            "anchor": self.trust_region.cfg.anchor,
+            "mu_from": "vllm" if getattr(self.args, "use_vllm", False) else "trl recompute at generation",
+            "sampling": {k: getattr(self.args, k, None) for k in ("temperature", "top_p", "top_k", "min_p")},
+        }
+        self.health: dict[str, Any] | None = None
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
@@ -195,8 +212,18 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if mode == "train":  # TRL sums the micro-batches' gradients over an accumulation window
             loss = loss / self.current_gradient_accumulation_steps
-        self._log_objective(mode, out.metrics, entropy, mask)
+        metrics = {**out.metrics, **health.mismatch_estimates(logp, behavior_logp, mask)}
+        if mode == "train" and self.health is None:
+            self.check_health(metrics)
+        self._log_objective(mode, metrics, entropy, mask)
         return loss
+
+    def check_health(self, metrics: Mapping[str, Tensor]) -> None:
+        """The step-1 mismatch health check (harness.health) on the first training micro-batch's mu against pi:
+        recorded in `self.health`, and one warning line naming TRL's likely causes when a value passes its limit."""
+        self.health, line = health.check({k: float(v) for k, v in metrics.items()}, causes=TRL_CAUSES)
+        if line:
+            log.warning("TrustRegionGRPOTrainer: %s", line)
 
     def _log_objective(self, mode: str, metrics: dict[str, Tensor], entropy: Tensor, mask: Tensor) -> None:
         """The objective's metrics and TRL's `entropy`, averaged over processes with one gather and one sync."""
