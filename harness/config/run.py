@@ -39,6 +39,14 @@ class TrainerConfig:
         default=100,
         metadata={"ge": 0, "help": "checkpoint every N steps and at the end; 0 = never (throw-away runs: no resume)"},
     )
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "asynchronous rollouts: the engine generates step t's batch on its own thread with the policy "
+            "after step t-1-k while the trainer updates (k = this value; 0 = the synchronous loop)",
+        },
+    )
     resume: bool | Literal["auto"] = field(
         default=False,
         metadata={
@@ -265,6 +273,15 @@ def validate(cfg: dict[str, Any]) -> RunConfig:
     return run
 
 
+def _async_clash(run: RunConfig) -> str | None:
+    """The setting an asynchronous rollout cannot serve, said as the key to change; None when there is none."""
+    if run.rollout.sync == "step":
+        return "rollout.sync=step (weights pushed after every update keep the engine in step); set rollout.sync=rollout"
+    if run.rollout.behavior == "trainer":
+        return "rollout.behavior=trainer (mu recomputed by the current policy erases the staleness); set it to engine"
+    return None
+
+
 def _check_combinations(run: RunConfig) -> None:
     t = run.trainer
     if bad := [s for s in t.preempt_signals if s not in SIGNALS]:
@@ -286,6 +303,8 @@ def _check_combinations(run: RunConfig) -> None:
         )
     if run.rollout.engine != "hf" and run.rollout.logit_noise > 0:
         raise ValueError("rollout.logit_noise: only rollout=hf adds logit noise; use rollout=hf or logit_noise=0")
+    if t.max_staleness and (clash := _async_clash(run)):
+        raise ValueError(f"trainer.max_staleness: {t.max_staleness} cannot be combined with {clash}")
     if run.model.path is None and run.model.name != "tiny":
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
     _check_lengths(run)

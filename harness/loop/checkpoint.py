@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from harness.errors import first_line
 from harness.loop import sharded
+from harness.loop.rollouts import checkpoint_extra
 from harness.lora import adapter_state_dict, is_lora
 from harness.rundir.files import atomic_write_text, fsync_path
 
@@ -357,7 +358,7 @@ def _check_plain(value: Any, where: str) -> None:
 def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
     """checkpoints/step_<step>. One process: safetensors + optimizer.pt. Several: every rank writes its own shards
     at once (torch.distributed.checkpoint), nothing is gathered; rank 0 publishes the folder."""
-    extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state()}
+    extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state(), **checkpoint_extra(run, step)}
     lora = is_lora(run.policy)  # the adapters only: the frozen base is the model the run started from
     keep = run.cfg.trainer.keep_checkpoints
     if run.pg.main:

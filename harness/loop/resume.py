@@ -14,6 +14,7 @@ from harness.loop.checkpoint import CHECKPOINTS, load_latest
 from harness.loop.diagnostics import ClippedTokens
 from harness.loop.export import POLICY, read_info
 from harness.loop.resume_guard import ResumeRefused
+from harness.loop.rollouts import restored
 from harness.loop.tokens import TokenSamples
 from harness.lora import is_lora, restore_adapter
 from harness.rundir.files import read_jsonl
@@ -42,6 +43,7 @@ def resume(run: Run) -> None:
         run.checkpointed = run.done_steps if state else None
         run.skipped = int(state["extra"].get("skipped_steps", 0)) if state else 0
         run.clipped = ClippedTokens(state["extra"].get("clipped_tokens") if state else None)
+        run.restored_rollouts = restored(state["extra"]) if state and run.cfg.trainer.max_staleness else None
         run.log.truncate_after(run.done_steps if state else -1)
         run.sync_weights()
     run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None

@@ -74,6 +74,10 @@ class Run:
     best_exported: float | None = None  # the score of policy/best (trained steps only), None before one is written
     last_eval: dict[str, float] | None = None
     clipped: ClippedTokens = field(default_factory=ClippedTokens)  # masked/clipped tokens (Fig. 6, App. D)
+    # Typed Any: harness.loop.rollouts builds on Run. Rank 0's AsyncRollouts worker (trainer.max_staleness > 0),
+    # and the batches a resumed checkpoint promised ({step: Produced}).
+    rollouts: Any = None
+    restored_rollouts: Any = None
 
     @property
     def score_key(self) -> str:
@@ -91,6 +95,9 @@ class Run:
             self.engine.sync_weights(engine_state_dict(self.policy, state))
 
     def close(self) -> None:
+        if self.rollouts is not None:  # the worker first: it may be inside the engine
+            self.rollouts.close()
+            self.rollouts = None
         if self.engine is not None:
             self.engine.close()
         if self.evaluator is not None:

@@ -1,8 +1,8 @@
 """One RL step, its phases top to bottom in DESIGN.md's order:
 
-rollout (the engine's weights give mu) -> reward (math-verify) and group advantages -> old_logp recompute (only
-for a trust region anchored on pi_old) -> the mini-batch updates (objective -> aggregate -> AdamW) -> weight sync
--> the step's metrics row.
+rollout (the engine's weights give mu; harness/loop/rollouts.py: in step, or ahead on a worker thread) -> reward
+(math-verify) and group advantages -> old_logp recompute (only for a trust region anchored on pi_old) -> the
+mini-batch updates (objective -> aggregate -> AdamW) -> weight sync (or a published copy) -> the step's metrics row.
 
 Under torchrun every rank runs the same code on the whole step's batch (rank 0 rolls it out) and trains on every
 world-th row of each mini-batch; `Run.pg` makes that the identity with one process.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +24,14 @@ from harness.batch import TrainBatch, build_batch, policy_logprobs
 from harness.logprobs import LogProbOutput
 from harness.loop.checkpoint import checkpoint
 from harness.loop.diagnostics import bad_update_frac, masked_mean, mismatch, rollout_metrics, zero_weight
+from harness.loop.rollouts import after_update, staleness_metrics, step_batch
 from harness.loop.state import Run
 from harness.loop.tokens import token_rows
 from harness.objectives import Objective, ObjectiveOutput, aggregate, aggregate_denominator
 from harness.objectives.common import NonFiniteInputError
 from harness.rewards import grade
 from harness.rollout.base import Rollout
-from harness.tasks import render_prompts
-from harness.tasks.arith import Problem, balanced_sample
+from harness.tasks.arith import Problem
 
 # The objective's inputs whose NaN/inf skips an update (counted, toward trainer.max_bad_steps): the model's and the
 # rollout engine's log-probs.
@@ -48,7 +47,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     """Roll out, score, update, sync; log the step's metrics row and return it."""
     t0 = time.time()
     skipped_before = run.skipped
-    problems, ro = rollout(run, step)
+    problems, ro, version = step_batch(run, step)
     t_rollout = time.time() - t0
 
     rewards, adv, reward_metrics = score(run, problems, ro)
@@ -60,8 +59,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         batch = trainer_behavior(run, batch)
     old_logp = recompute_old_logp(run, batch)
     update_metrics, updates = update_minibatches(run, step, batch, old_logp)
-    if run.cfg.rollout.sync == "rollout":
-        run.sync_weights()
+    after_update(run, step)
     t_train = time.time() - t1
 
     n_tokens = float(ro.mask.sum())
@@ -72,6 +70,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         "rollout/response_len_mean": n_tokens / len(ro.texts),
         "rollout/truncated_frac": float((~ro.finished).float().mean()),
         **rollout_metrics(batch.mask, batch.behavior_logp, batch.topk_behavior_logp),
+        **staleness_metrics(run, step, version),
         **update_metrics,
         **run.clipped.metrics(run.pg),
         "optim/lr": run.optimizer.param_groups[0]["lr"],  # what AdamW used, which a resume sets from the config
@@ -85,27 +84,6 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     run.log.log(step, metrics)
     stop_if_diverged(run, step, bad=run.skipped > skipped_before, good=updates > 0)
     return metrics
-
-
-def rollout(run: Run, step: int) -> tuple[list[Problem], Rollout]:
-    """The step's prompts (they depend only on (seed, step)), sampled by rank 0's engine; every rank gets them."""
-    cfg, t = run.cfg, run.cfg.trainer
-    rng = random.Random(cfg.seed * 1_000_003 + step)
-    problems = balanced_sample(run.train_set, t.prompts_per_step, rng)  # kinds in equal shares
-    prompts = render_prompts(run.tokenizer, problems, cfg.data.template)
-
-    def generate() -> Rollout:
-        assert run.engine is not None  # rank 0 holds the engine
-        return run.engine.generate(
-            prompts,
-            n=t.group_size,
-            max_new_tokens=t.max_new_tokens,
-            topk=run.objective.topk,
-            temperature=cfg.rollout.temperature,
-            seed=cfg.seed * 1_000_003 + step,
-        )
-
-    return problems, run.pg.from_main(generate)
 
 
 def score(run: Run, problems: list[Problem], ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from harness import distributed, health
 from harness.config import RunConfig
+from harness.loop import rollouts
 from harness.loop.checkpoint import checkpoint_or_warn
 from harness.loop.evaluate import eval_step
 from harness.loop.export import export_or_warn
@@ -70,6 +71,7 @@ def train_steps(run: Run) -> int | None:
     last step finished when a stop signal came (every rank returns the same)."""
     t = run.cfg.trainer
     bar = progress(run)
+    rollouts.start(run)  # asynchronous rollouts (trainer.max_staleness > 0): rank 0's worker thread
     for step in bar:
         if stop_requested(run):
             bar.close()
@@ -81,7 +83,8 @@ def train_steps(run: Run) -> int | None:
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-")
         done = step == t.total_steps
         if step % t.eval_every == 0 or done:
-            eval_step(run, step)
+            with rollouts.engine_for_eval(run, step):
+                eval_step(run, step)
         if t.checkpoint_every and (step % t.checkpoint_every == 0 or done):
             checkpoint_or_warn(run, step)
     return None

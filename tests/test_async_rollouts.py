@@ -1,0 +1,106 @@
+"""Issue 50: asynchronous rollouts (trainer.max_staleness = k).
+
+The worker (harness.loop.rollouts.AsyncRollouts) with the real HF engine and a trainer that really changes its
+weights each step: every batch the trainer takes was sampled by the policy exactly min(k, t - 1) updates old, and
+its mu is that policy's log-prob of the sampled tokens (the producing engine's), not the trainer's current one; a
+planted stale batch, its mu from another version, fails the same check. Then real run.py runs: the staleness
+metrics, and with vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness.config import compose, validate
+from harness.loop.model_path import model_dir
+from harness.loop.rollouts import AsyncRollouts
+from harness.models import load_policy
+from harness.rollout import make_engine
+from harness.rollout.base import Rollout
+from tests.conftest import FAST_TRAINER, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def logp_under(model: torch.nn.Module, state: dict[str, torch.Tensor], ro: Rollout) -> torch.Tensor:
+    """[B, T] log-probs of the sampled tokens under `state`'s weights, temperature 1, 0 at padding."""
+    model.load_state_dict(state)
+    out = torch.zeros_like(ro.behavior_logp)
+    with torch.no_grad():
+        for i, prompt in enumerate(ro.prompt_ids):
+            n = int(ro.mask[i].sum())
+            ids = torch.tensor([prompt + ro.response_ids[i, :n].tolist()])
+            logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + n].float()
+            out[i, :n] = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+    return out
+
+
+def mu_gap(model: torch.nn.Module, state: dict[str, torch.Tensor], ro: Rollout) -> float:
+    """max |mu - log pi_state| over the sampled tokens: ~0 when `state` is the policy that produced the batch."""
+    m = ro.mask > 0
+    return float((logp_under(model, state, ro) - ro.behavior_logp)[m].abs().max())
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_every_trained_batch_lags_by_k_and_its_mu_is_the_producing_engines(small_model, k):
+    path = str(model_dir(validate(compose(*small_model))))
+    trainer, tokenizer = load_policy(path)
+    scratch, _ = load_policy(path)
+    engine = make_engine("hf", path, "fp32", seed=0, max_model_len=128)
+    prompts = [tokenizer.encode(q) for q in ("3 + 4 =", "12 - 5 =")]
+    versions = {0: {n: t.clone() for n, t in trainer.state_dict().items()}}
+    steps = 6
+
+    rollouts = AsyncRollouts(
+        lambda step: engine.generate(prompts, n=2, max_new_tokens=8, seed=step), engine.sync_weights, k,
+        range(1, steps + 1), (0, versions[0]),
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    try:
+        for t in range(1, steps + 1):
+            made = rollouts.take(t)
+            assert made.step == t and t - 1 - made.version == min(k, t - 1)  # exactly k behind, once it can be
+            # mu is the producing policy's log-prob (fp32 HF engine: to rounding) ...
+            assert mu_gap(scratch, versions[made.version], made.rollout) < 1e-4
+            if made.version != t - 1:  # ... and not the trainer's current one, which differs by the updates since
+                assert mu_gap(scratch, versions[t - 1], made.rollout) > 1e-2
+                # A planted stale batch: its mu from the version after the one recorded fails the same check.
+                planted = logp_under(scratch, versions[made.version + 1], made.rollout)
+                bad = Rollout(**{**made.rollout.__dict__, "behavior_logp": planted})
+                assert mu_gap(scratch, versions[made.version], bad) > 1e-2
+            with torch.no_grad():  # the "update": every weight moves, as after an optimizer step
+                for p in trainer.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=g))
+            versions[t] = {n: x.clone() for n, x in trainer.state_dict().items()}
+            rollouts.publish(t, versions[t])
+    finally:
+        rollouts.close()
+        engine.close()
+
+
+def run(args: list[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_an_asynchronous_run_logs_its_staleness(tmp_path, small_model, engine):
+    out = tmp_path / "run"
+    args = [
+        *small_model, *FAST_TRAINER, f"rollout={engine}", "objective=dppo", "trainer.total_steps=4",
+        "trainer.eval_every=2", "trainer.checkpoint_every=0", "trainer.max_staleness=2", f"hydra.run.dir={out}",
+    ]  # fmt: skip
+    res = run(args, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["rollout/policy_version"], r["rollout/staleness"]) for r in rows] == [
+        (1, 0.0, 0.0), (2, 0.0, 1.0), (3, 0.0, 2.0), (4, 1.0, 2.0),
+    ]  # fmt: skip
+    evals = [json.loads(line)["step"] for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert evals == [0, 2, 4]
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
