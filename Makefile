@@ -117,7 +117,7 @@ $(VENV)/.bench-extra: $(STAMP)
 	$(PY) -m pip install -q --no-compile -e '.[bench]'
 	touch $@
 
-bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B5 against their same-process baselines, then one summary table
+bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B6 against their same-process baselines, then one summary table
 	$(PY) -m bench
 
 lint: $(STAMP)  ## ruff: the lint rules and the formatter (README code blocks included)

@@ -1,6 +1,7 @@
 """``python -m bench``: the CPU benchmark set in order, each in its own process, then the summary table.
 
-Order: logprobs (B1), topk (B2), objectives (B5), then rollout (B3) and rl_step (B4) when those modules exist.
+Order: logprobs (B1), topk (B2), objectives (B5), then rollout (B3), rl_step (B4) and async_step (B6) when those
+modules exist.
 Each runs as ``python -m bench.<name> --threads N`` in a subprocess, so one script's allocator state (glibc
 thresholds, freed-but-kept memory, autograd caches) never leaks into the next one's timings, and a failing
 script is reported without stopping the rest. ``--skip topk objectives`` leaves scripts out; ``--only`` runs
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 
-SCRIPTS = ("logprobs", "topk", "objectives", "rollout", "rl_step")
+SCRIPTS = ("logprobs", "topk", "objectives", "rollout", "rl_step", "async_step")
 # Every script takes --threads; OMP_NUM_THREADS also covers threads started before torch.set_num_threads.
 
 

@@ -46,6 +46,18 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rl_step.json"
 PROMPTS, GROUP, TOKENS, LR = 4, 4, 32, 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A step's batch: prompts x group samples of up to `tokens` new tokens, in `updates` optimizer steps."""
+
+    prompts: int = PROMPTS
+    group: int = GROUP
+    tokens: int = TOKENS
+    updates: int = 1
+
+
 TARGETS = {"hf": 1.5, "vllm": 2.0}
 
 
@@ -64,8 +76,9 @@ def problems(count: int) -> list[Any]:
 # --- TRL ---------------------------------------------------------------------------------------------
 
 
-def run_trl(path: str, steps: int, warmup: int, seed: int) -> list[tuple[float, float]] | None:
-    """(seconds, tokens) per timed step, or None when trl is not installed."""
+def run_trl(path: str, steps: int, warmup: int, seed: int, shape: Shape = Shape()) -> list[tuple[float, float]] | None:
+    """(seconds, tokens) per timed optimizer step, or None when trl is not installed. With shape.updates > 1 one
+    generation feeds that many optimizer steps (TRL's steps_per_generation), so count steps in multiples of it."""
     try:
         from datasets import Dataset
         from transformers import AutoTokenizer, TrainerCallback
@@ -99,11 +112,11 @@ def run_trl(path: str, steps: int, warmup: int, seed: int) -> list[tuple[float, 
         config = GRPOConfig(  # stack.md section 6, verbatim but for max_steps and output_dir
             output_dir=out,
             max_steps=warmup + steps,
-            per_device_train_batch_size=PROMPTS * GROUP,
+            per_device_train_batch_size=shape.prompts * shape.group // shape.updates,
             gradient_accumulation_steps=1,
-            num_generations=GROUP,
-            steps_per_generation=1,
-            max_completion_length=TOKENS,
+            num_generations=shape.group,
+            steps_per_generation=shape.updates,
+            max_completion_length=shape.tokens,
             temperature=1.0,
             learning_rate=LR,
             beta=0.0,
@@ -136,9 +149,16 @@ def run_trl(path: str, steps: int, warmup: int, seed: int) -> list[tuple[float, 
 
 
 def run_harness(
-    path: str, engine: str, steps: int, warmup: int, threads: int, seed: int
+    path: str,
+    engine: str,
+    steps: int,
+    warmup: int,
+    threads: int | None,
+    seed: int,
+    shape: Shape = Shape(),
+    overrides: tuple[str, ...] = ("objective=grpo", "trainer.advantage=grpo"),
 ) -> list[tuple[float, float, float, float]]:
-    """(seconds, tokens, rollout seconds, train seconds) per timed step."""
+    """(seconds, tokens, rollout seconds, train seconds) per timed step; threads None: the run's own default."""
     import harness.loop.state as state_module
     import harness.loop.step as step_module
     from harness.config import compose, validate
@@ -152,7 +172,7 @@ def run_harness(
             self.inner = inner
 
         def generate(self, prompts: list[list[int]], n: int, *a: Any, **kw: Any) -> Any:
-            if n == GROUP:
+            if n == shape.group:
                 prompt_tokens.append(float(sum(map(len, prompts)) * n))
             return self.inner.generate(prompts, n, *a, **kw)
 
@@ -169,17 +189,16 @@ def run_harness(
     raw = compose(
         f"model.path={path}",
         f"rollout={engine}",
-        "objective=grpo",
+        *overrides,
         "logger=none",
         f"seed={seed}",
         f"trainer.total_steps={warmup + steps}",
-        f"trainer.prompts_per_step={PROMPTS}",
-        f"trainer.group_size={GROUP}",
-        f"trainer.max_new_tokens={TOKENS}",
-        "trainer.minibatches=1",
-        "trainer.advantage=grpo",
+        f"trainer.prompts_per_step={shape.prompts}",
+        f"trainer.group_size={shape.group}",
+        f"trainer.max_new_tokens={shape.tokens}",
+        f"trainer.minibatches={shape.updates}",
         f"trainer.lr={LR}",
-        f"trainer.threads={threads}",
+        *([f"trainer.threads={threads}"] if threads else []),
         f"trainer.eval_every={warmup + steps + 1}",  # evaluations only at 0 and the end, outside every step
         "trainer.checkpoint_every=0",
         "trainer.tokens_per_eval=0",
@@ -197,9 +216,9 @@ def run_harness(
         state_module.engine_from_config, step_module.grade = real_engine, real_grade
     rows = []
     for m, prompt in zip(metrics, prompt_tokens, strict=True):
-        response = m["rollout/response_len_mean"] * PROMPTS * GROUP
-        if m["optim/updates"] != 1:
-            raise RuntimeError(f"step {m['step']} made {m['optim/updates']} updates; the bench needs one per step")
+        response = m["rollout/response_len_mean"] * shape.prompts * shape.group
+        if m["optim/updates"] != shape.updates:
+            raise RuntimeError(f"step {m['step']} made {m['optim/updates']} updates; the bench needs {shape.updates}")
         rows.append((response / m["perf/tokens_per_s"], prompt + response, m["perf/rollout_s"], m["perf/train_s"]))
     return rows[warmup:]
 

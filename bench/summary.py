@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.common import RESULTS_DIR, format_summary
 
-ORDER = ("logprobs", "topk", "rollout", "rl_step", "objectives")  # B1, B2, B3, B4, B5
+ORDER = ("logprobs", "topk", "rollout", "rl_step", "objectives", "async_step")  # B1, B2, B3, B4, B5, B6
 
 
 def load_summaries(results: Path) -> tuple[list[dict], list[str]]:

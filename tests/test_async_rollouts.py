@@ -104,3 +104,27 @@ def test_an_asynchronous_run_logs_its_staleness(tmp_path, small_model, engine):
     evals = [json.loads(line)["step"] for line in (out / "eval.jsonl").read_text().splitlines()]
     assert evals == [0, 2, 4]
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def test_under_torchrun_rank_0s_engine_feeds_both_ranks_as_one_process(tmp_path, small_model):
+    """Two gloo processes with k = 1 log what one process logs: rank 0's worker made the batches, the trainer's
+    weight copy (a collective) reached it after every step, and its sharded checkpoint carries the promised batch."""
+    args = [
+        *small_model, *FAST_TRAINER, "rollout=hf", "objective=dppo", "trainer.minibatches=1", "trainer.total_steps=4",
+        "trainer.checkpoint_every=2", "trainer.max_staleness=1", "seed=1",
+    ]  # fmt: skip
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "run.py")]
+    for launcher, name in (([str(ROOT / "run.py")], "one"), (torchrun, "two")):
+        res = subprocess.run([sys.executable, *launcher, *args, f"hydra.run.dir={tmp_path / name}"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    def rows(name: str) -> list[tuple]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        keys = ("step", "rollout/policy_version", "reward/mean", "optim/updates")
+        return [tuple(json.loads(line).get(k) for k in keys) for line in lines]
+
+    assert rows("one") == rows("two")
+    assert [r[1] for r in rows("two")] == [0.0, 0.0, 1.0, 2.0]
+    state = torch.load(tmp_path / "two" / "checkpoints" / "step_2" / "state.pt", weights_only=True)
+    assert [(b["step"], b["version"]) for b in state["extra"]["rollouts"]] == [(3, 1)]

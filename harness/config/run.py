@@ -80,7 +80,8 @@ class TrainerConfig:
         },
     )
     threads: int | None = field(
-        default=None, metadata={"ge": 1, "help": "torch threads; null = OMP_NUM_THREADS if set, else all cores"}
+        default=None,
+        metadata={"ge": 1, "help": "torch threads; null = all cores (half of them with trainer.max_staleness > 0)"},
     )
     samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
     max_bad_steps: int = field(

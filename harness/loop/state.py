@@ -118,11 +118,18 @@ def open_log(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any], pg: Proc
     return RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=cfg.trainer.resume)
 
 
+def trainer_threads(cfg: RunConfig) -> int:
+    """trainer.threads, else every core; with asynchronous rollouts half of them, the engine's thread generating
+    on the other half at the same time (measured on 2 cores: 1 + 1 threads overlapped beat 2 + 2 by 11%)."""
+    cores = os.cpu_count() or 1
+    return cfg.trainer.threads or (max(1, cores // 2) if cfg.trainer.max_staleness else cores)
+
+
 def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | NullLog) -> Run:
     """Setup: model, data, objective, optimizer, and last the engine (nothing after it can fail before the caller
     owns the Run that closes it). A missing model or data file, or an unusable option, is one line
     (SetupError), not a traceback."""
-    torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+    torch.set_num_threads(trainer_threads(cfg))
     try:
         prec = precisions.get(cfg.precision.name)
         objective = get_objective(cfg.objective.name, **_objective_values(cfg))

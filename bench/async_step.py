@@ -1,0 +1,115 @@
+"""B6: asynchronous rollouts at the default shape: the harness's step rate with trainer.max_staleness = 1 and 2
+over the synchronous loop's, and the harness over TRL's GRPOTrainer at the same shape, all in this process.
+
+Run: ``python -m bench.async_step [--steps 12] [--warmup 4] [--engine vllm]``
+
+Shape: the default run's, 32 prompts x 8 samples x 24 new tokens, 4 optimizer steps per batch, on the default
+tiny model (fp32, CPU) with the default engine (vLLM); each case uses the run's own thread default (all cores
+synchronous, half of them per side asynchronous). A step's time is the trainer's, from the step's first line to
+its metrics row (``perf/tokens_per_s``): asynchronous, that includes any wait for the batch, so the median over
+steps after the warm-up (the pipeline filled) is the steady rate. TRL: ``GRPOTrainer`` with
+``steps_per_generation=4`` (one generation of 256 samples feeds 4 optimizer steps, as ours), HF generation, the
+GRPOConfig of B4 otherwise; its tokens/s is total tokens over total time of the timed optimizer steps. Both sides
+get B4's dense reward (the harness after its real grader), so every step makes its 4 updates.
+
+Targets: async k = 1 >= 1.6x the synchronous step rate; the harness (the faster of k = 0, 1, 2) >= 3x TRL's
+tokens/s. Writes bench/results/async_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.rl_step import Shape, run_harness, run_trl
+
+RESULTS = Path(__file__).resolve().parent / "results" / "async_step.json"
+SHAPE = Shape(prompts=32, group=8, tokens=24, updates=4)
+TARGETS = {"async": 1.6, "trl": 3.0}
+
+
+def default_model() -> str:
+    from harness.config import compose, validate
+    from harness.loop.model_path import model_dir
+
+    return str(model_dir(validate(compose())))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per case (median)")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed steps first (a multiple of 4, for TRL)")
+    parser.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
+    parser.add_argument("--threads", type=int, default=None, help="accepted for `python -m bench`; unused: each "
+                        "case takes the run's own thread default")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.steps < 4 or args.steps % 4 or args.warmup % 4:
+        raise ValueError("--steps and --warmup must be multiples of 4 (TRL's optimizer steps per generation)")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    t_start = time.perf_counter()
+    path = default_model()
+    cases: dict[str, dict[str, float]] = {}
+    for k in (0, 1, 2):
+        rows = run_harness(
+            path, args.engine, args.steps, args.warmup, None, args.seed, SHAPE,
+            overrides=(f"trainer.max_staleness={k}",),
+        )  # fmt: skip
+        step_s = statistics.median(r[0] for r in rows)
+        cases[f"k={k}"] = {
+            "step_s": step_s, "steps_per_s": 1 / step_s, "tok_s": sum(r[1] for r in rows) / sum(r[0] for r in rows),
+            "gen_s": statistics.median(r[2] for r in rows), "train_s": statistics.median(r[3] for r in rows),
+        }  # fmt: skip
+    trl_rows = run_trl(path, args.steps, args.warmup, args.seed, SHAPE)
+    if trl_rows is not None:
+        seconds = sum(r[0] for r in trl_rows)
+        tokens = sum(r[1] for r in trl_rows)
+        cases["trl"] = {"step_s": seconds / (len(trl_rows) / SHAPE.updates), "tok_s": tokens / seconds}
+
+    sync = cases["k=0"]
+    print(f"{'case':<6} {'step s':>7} {'gen s':>6} {'train s':>7} {'tokens/s':>9} {'vs sync':>8}")
+    for name, r in cases.items():
+        ratio = sync["step_s"] / r["step_s"]
+        print(f"{name:<6} {r['step_s']:>7.3f} {r.get('gen_s', float('nan')):>6.3f} "
+              f"{r.get('train_s', float('nan')):>7.3f} {r['tok_s']:>9.0f} {ratio:>8.2f}")  # fmt: skip
+    speedup = sync["step_s"] / cases["k=1"]["step_s"]
+    summary = [{
+        "id": "B6", "case": f"async k=1 vs sync, {args.engine}, 32x8x24, 4 updates", "metric": "step rate ratio",
+        "value": round(speedup, 3), "target": f">= {TARGETS['async']:g}", "met": speedup >= TARGETS["async"],
+    }]  # fmt: skip
+    if "trl" in cases:
+        best = max(cases[c]["tok_s"] for c in ("k=0", "k=1", "k=2"))
+        over = best / cases["trl"]["tok_s"]
+        summary.append({
+            "id": "B6", "case": "harness (best of k=0,1,2) vs TRL GRPOTrainer, 32x8x24, 4 updates",
+            "metric": "tokens/s ratio", "value": round(over, 3), "target": f">= {TARGETS['trl']:g}",
+            "met": over >= TARGETS["trl"],
+        })  # fmt: skip
+    else:
+        print("trl is not installed (pip install -e '.[bench]'): the TRL row is missing")
+    for row in summary:
+        print(f"B6 {row['case']}: {row['value']:.2f} (target {row['target']})")
+    print(
+        f"median over {args.steps} steps after {args.warmup} warm-up steps; gen s: the time a step waited for or "
+        "made its batch (perf/rollout_s), train s: its updates and weight sync or publish (perf/train_s)"
+    )
+    meta = {
+        "model": path, "engine": args.engine, "shape": SHAPE.__dict__, "steps": args.steps, "warmup": args.warmup,
+        "cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "wall_s": time.perf_counter() - t_start,
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": cases, "summary": summary}, indent=2) + "\n")
+    print(f"wrote {args.out} ({meta['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":  # vLLM spawns helpers that re-import this module
+    main()
