@@ -68,6 +68,8 @@ def main() -> None:
             "step_s": step_s, "steps_per_s": 1 / step_s, "tok_s": sum(r[1] for r in rows) / sum(r[0] for r in rows),
             "gen_s": statistics.median(r[2] for r in rows), "train_s": statistics.median(r[3] for r in rows),
         }  # fmt: skip
+    # TRL with torch's own default, every core: an asynchronous harness run above left the process at its half
+    torch.set_num_threads(os.cpu_count() or 1)
     trl_rows = run_trl(path, args.steps, args.warmup, args.seed, SHAPE)
     if trl_rows is not None:
         seconds = sum(r[0] for r in trl_rows)

@@ -185,7 +185,9 @@ def run_harness(
             graded, rewards=[dense_reward(c, ans) for c, ans in zip(completions, answers, strict=True)]
         )
 
-    real_engine, real_grade = state_module.engine_from_config, step_module.grade
+    # Both ways build_run makes the engine: in-process (synchronous) and in its own process (max_staleness > 0)
+    real_engine, real_process = state_module.engine_from_config, state_module.ProcessEngine
+    real_grade = step_module.grade
     raw = compose(
         f"model.path={path}",
         f"rollout={engine}",
@@ -205,6 +207,7 @@ def run_harness(
         "benchmark.max_problems=4",
     )
     state_module.engine_from_config = lambda *a, **kw: Recording(real_engine(*a, **kw))
+    state_module.ProcessEngine = lambda *a, **kw: Recording(real_process(*a, **kw))
     step_module.grade = dense_grade
     try:
         with tempfile.TemporaryDirectory(prefix=f"bench-harness-{engine}-") as out:
@@ -214,6 +217,7 @@ def run_harness(
             metrics = read_jsonl(Path(out) / "run" / "metrics.jsonl")
     finally:
         state_module.engine_from_config, step_module.grade = real_engine, real_grade
+        state_module.ProcessEngine = real_process
     rows = []
     for m, prompt in zip(metrics, prompt_tokens, strict=True):
         response = m["rollout/response_len_mean"] * shape.prompts * shape.group

@@ -10,8 +10,10 @@ metrics, and with vLLM.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -20,8 +22,9 @@ from harness.config import compose, validate
 from harness.loop.model_path import model_dir
 from harness.loop.rollouts import AsyncRollouts
 from harness.models import load_policy
-from harness.rollout import make_engine
-from harness.rollout.base import Rollout
+from harness.rollout import engine_from_config
+from harness.rollout.base import Rollout, RolloutEngine
+from harness.rollout.process import ProcessEngine
 from tests.conftest import FAST_TRAINER, ROOT
 
 pytestmark = pytest.mark.slow
@@ -46,12 +49,19 @@ def mu_gap(model: torch.nn.Module, state: dict[str, torch.Tensor], ro: Rollout) 
     return float((logp_under(model, state, ro) - ro.behavior_logp)[m].abs().max())
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_every_trained_batch_lags_by_k_and_its_mu_is_the_producing_engines(small_model, k):
+def hf_engine(small_model: list[str], where: str) -> RolloutEngine:
+    """The fp32 HF engine of the small model, in this process or in its own (the asynchronous loop's)."""
+    cfg = validate(compose(*small_model, "rollout=hf"))
+    build = (cfg.rollout, str(model_dir(cfg)), "fp32", 0, 128, "cpu")
+    return ProcessEngine(build, threads=1) if where == "process" else engine_from_config(*build)
+
+
+@pytest.mark.parametrize(("k", "where"), [(1, "thread"), (2, "thread"), (2, "process")])
+def test_every_trained_batch_lags_by_k_and_its_mu_is_the_producing_engines(small_model, k, where):
     path = str(model_dir(validate(compose(*small_model))))
     trainer, tokenizer = load_policy(path)
     scratch, _ = load_policy(path)
-    engine = make_engine("hf", path, "fp32", seed=0, max_model_len=128)
+    engine = hf_engine(small_model, where)
     prompts = [tokenizer.encode(q) for q in ("3 + 4 =", "12 - 5 =")]
     versions = {0: {n: t.clone() for n, t in trainer.state_dict().items()}}
     steps = 6
@@ -81,6 +91,73 @@ def test_every_trained_batch_lags_by_k_and_its_mu_is_the_producing_engines(small
     finally:
         rollouts.close()
         engine.close()
+
+
+def test_the_engine_process_samples_what_the_engine_in_process_does(small_model):
+    """Same seeds, same weights after a sync: the same tokens and the same mu, whichever process holds the engine;
+    a build that fails in the child is the same one-line error as in-process."""
+    path = str(model_dir(validate(compose(*small_model))))
+    model, tokenizer = load_policy(path)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1)  # weights the engines did not load from disk
+    prompts = [tokenizer.encode(q) for q in ("3 + 4 =", "12 - 5 =")]
+    made = {}
+    for where in ("thread", "process"):
+        engine = hf_engine(small_model, where)
+        try:
+            engine.sync_weights(model.state_dict())
+            made[where] = [engine.generate(prompts, n=2, max_new_tokens=8) for _ in range(2)]  # seeds from calls
+        finally:
+            engine.close()
+    for a, b in zip(made["thread"], made["process"], strict=True):
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.mask, b.mask)
+        assert torch.equal(a.behavior_logp, b.behavior_logp)
+    assert not torch.equal(made["thread"][0].response_ids, made["thread"][1].response_ids)  # two calls, two seeds
+
+    cfg = validate(compose(*small_model, "rollout=hf"))
+    with pytest.raises(ValueError) as missing:
+        ProcessEngine((cfg.rollout, "/nonexistent/model", "fp32", 0, 128, "cpu"), threads=1)
+    assert "\n" not in str(missing.value) and "/nonexistent/model" in str(missing.value)
+
+
+CHILD_PID = """
+import sys
+from harness.config import compose, validate
+from harness.loop.model_path import model_dir
+from harness.rollout.process import ProcessEngine
+if __name__ == "__main__":
+    cfg = validate(compose(*sys.argv[1:], "rollout=hf"))
+    engine = ProcessEngine((cfg.rollout, str(model_dir(cfg)), "fp32", 0, 128, "cpu"), threads=1)
+    print(engine._proc.pid, flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_the_engine_process_leaves_with_a_killed_trainer(small_model):
+    """SIGKILL (preemption) of the process that holds a ProcessEngine: its engine process must not outlive it."""
+    parent = subprocess.Popen([sys.executable, "-c", CHILD_PID, *small_model], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # alive while its parent is
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and pid_alive(child):
+            time.sleep(0.2)
+        assert not pid_alive(child), f"engine process {child} outlived its killed parent"
+    finally:
+        parent.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an orphan is reaped by init, a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def run(args: list[str], cwd) -> subprocess.CompletedProcess:

@@ -13,8 +13,10 @@ A checkpoint at step t carries the batches already promised to steps t+1..t+k (t
 they need only weights it has), so a resumed run trains on exactly the batches an uninterrupted one would. A
 checkpoint without them (written by a synchronous run) restarts the pipeline from its own weights.
 
-A thread, not a process: the engine, its weight copy and the batches stay in rank 0's process with no
-serialisation; torch's and vLLM's kernels release the GIL, which is what the overlap needs.
+The worker is a thread of rank 0's process; the engine it drives is `harness.rollout.process.ProcessEngine`,
+in a process of its own: with the engine in the trainer's process the two shared one Python interpreter, and the
+updates took 0.75-0.82 s instead of 0.65-0.70 s (docs/performance.md, B6). The worker thread itself mostly
+waits on that process, so it costs the trainer little.
 """
 
 from __future__ import annotations
