@@ -139,7 +139,7 @@ def test_registration_names_and_errors(api):
 
 def test_verl_version_outside_the_tested_range_is_one_line(api):
     api.adapter.check_version("0.9.1")
-    with pytest.raises(ImportError, match=r"^verl 0\.10\.0: harness.integrations.verl supports verl 0\.9\.x"):
+    with pytest.raises(ImportError, match=r"^verl 0\.10\.0: .*; supported: verl 0\.9\.x; pip install 'verl==0\.9\.1'$"):
         api.adapter.check_version("0.10.0")
 
 

@@ -44,6 +44,7 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from harness import health
+from harness.integrations.versions import require
 from harness.objectives import Objective, aggregate, get_objective
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,7 @@ TRL_NAMES = {
 
 def check_version(version: str) -> None:
     """One line when the installed TRL is outside the range this trainer is tested with."""
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    low, high = TRL_SUPPORTED
-    if len(parts) < 2 or not low <= parts <= high:
-        raise ImportError(
-            f"trl {version}: TrustRegionGRPOTrainer supports trl {low[0]}.{low[1]} to {high[0]}.{high[1]}.x (it "
-            f"replaces GRPOTrainer._compute_loss); install one with pip install 'trl=={high[0]}.{high[1]}.0'"
-        )
+    require("trl", version, TRL_SUPPORTED, "1.16.0", "TrustRegionGRPOTrainer replaces GRPOTrainer._compute_loss")
 
 
 def biased_sampling(args: GRPOConfig) -> str | None:

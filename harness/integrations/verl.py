@@ -45,6 +45,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register
 from verl.utils import config as verl_config
 
 from harness import health
+from harness.integrations.versions import require
 from harness.objectives import OBJECTIVE_NAMES, Objective, get_objective
 
 log = logging.getLogger(__name__)
@@ -82,13 +83,8 @@ VERL_CAUSES = (
 
 def check_version(version: str) -> None:
     """One line when the installed verl is outside the range this adapter is tested with."""
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    low, high = VERL_SUPPORTED
-    if len(parts) < 2 or not low <= parts <= high:
-        raise ImportError(
-            f"verl {version}: harness.integrations.verl supports verl {low[0]}.{low[1]}.x to {high[0]}.{high[1]}.x "
-            f"(it relies on verl's policy-loss call and its bypass-mode rewrite); pip install 'verl==0.9.1'"
-        )
+    why = "harness.integrations.verl relies on verl's policy-loss call and its bypass-mode rewrite"
+    require("verl", version, VERL_SUPPORTED, "0.9.1", why)
 
 
 def unsupported_reason(objective: Objective) -> str | None:
