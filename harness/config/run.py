@@ -43,7 +43,7 @@ class TrainerConfig:
         default=0,
         metadata={
             "ge": 0,
-            "help": "asynchronous rollouts: the engine generates step t's batch on its own thread with the policy "
+            "help": "asynchronous rollouts: the engine generates step t's batch in its own process with the policy "
             "after step t-1-k while the trainer updates (k = this value; 0 = the synchronous loop)",
         },
     )

@@ -148,20 +148,18 @@ class AsyncRollouts:
 # ------------------------------------------------------------------------- the trainer's side
 
 
-def step_problems(run: Run, step: int) -> tuple[list[Problem], list[list[int]] | list[str]]:
-    """The step's problems and prompts: they depend only on (seed, step), so every rank draws the same."""
-    cfg, t = run.cfg, run.cfg.trainer
-    rng = random.Random(cfg.seed * 1_000_003 + step)
-    problems = balanced_sample(run.train_set, t.prompts_per_step, rng)  # kinds in equal shares
-    return problems, render_prompts(run.tokenizer, problems, cfg.data.template)
+def step_problems(run: Run, step: int) -> list[Problem]:
+    """The step's problems: they depend only on (seed, step), so every rank draws the same."""
+    rng = random.Random(run.cfg.seed * 1_000_003 + step)
+    return balanced_sample(run.train_set, run.cfg.trainer.prompts_per_step, rng)  # kinds in equal shares
 
 
-def generate(run: Run, step: int) -> Rollout:
+def generate(run: Run, step: int, problems: list[Problem]) -> Rollout:
     """Rank 0's engine samples the step's batch."""
     cfg, t = run.cfg, run.cfg.trainer
     assert run.engine is not None  # rank 0 holds the engine
     return run.engine.generate(
-        step_problems(run, step)[1],
+        render_prompts(run.tokenizer, problems, cfg.data.template),
         n=t.group_size,
         max_new_tokens=t.max_new_tokens,
         topk=run.objective.topk,
@@ -172,9 +170,9 @@ def generate(run: Run, step: int) -> Rollout:
 
 def step_batch(run: Run, step: int) -> tuple[list[Problem], Rollout, int]:
     """(problems, rollout, the version that sampled it); every rank gets them."""
-    problems = step_problems(run, step)[0]
+    problems = step_problems(run, step)
     if run.rollouts is None and not run.cfg.trainer.max_staleness:
-        return problems, run.pg.from_main(lambda: generate(run, step)), step - 1
+        return problems, run.pg.from_main(lambda: generate(run, step, problems)), step - 1
     made = run.pg.from_main(lambda: run.rollouts.take(step))  # type: ignore[union-attr]
     lag = step - 1 - made.version
     if made.step != step or not 0 <= lag <= run.cfg.trainer.max_staleness:
@@ -219,15 +217,9 @@ def start(run: Run) -> None:
     floor = snapshot(run)
     if run.pg.main:
         run.rollouts = AsyncRollouts(
-            lambda step: generate(run, step), run.engine.sync_weights, t.max_staleness,  # type: ignore[union-attr]
+            lambda step: generate(run, step, step_problems(run, step)), run.engine.sync_weights, t.max_staleness,  # type: ignore[union-attr]
             range(run.done_steps + 1, t.total_steps + 1), (run.done_steps, floor), run.restored_rollouts,  # type: ignore[arg-type]
         )  # fmt: skip
-
-
-def stop(run: Run) -> None:
-    if run.rollouts is not None:
-        run.rollouts.close()
-        run.rollouts = None
 
 
 def engine_for_eval(run: Run, step: int) -> contextlib.AbstractContextManager:
