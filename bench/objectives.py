@@ -51,7 +51,7 @@ import torch
 
 from bench.common import base_meta, interleaved_samples, reuse_freed_memory, summary_row, write_results
 from harness.advantages import compute_advantages
-from harness.batch import TrainBatch, build_batch, policy_logprobs
+from harness.batch import TrainBatch, build_batch, objective_inputs, policy_logprobs
 from harness.logprobs import LogProbOutput
 from harness.models import load_policy
 from harness.objectives import OBJECTIVE_NAMES, Objective, aggregate, get_objective
@@ -107,15 +107,7 @@ def update_run(
     def run() -> None:
         lp = policy_logprobs(policy, mb, 1.0, with_topk=obj.topk > 1)
         entropy = float((lp.entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1))
-        out = obj(
-            logp=lp.logp,
-            behavior_logp=mb.behavior_logp,
-            advantages=mb.advantages,
-            mask=mb.mask,
-            old_logp=mb_old,
-            topk_logp=lp.topk_logp,
-            topk_behavior_logp=mb.topk_behavior_logp,
-        )
+        out = obj(**objective_inputs(mb, lp.logp, lp.topk_logp, mb_old))
         loss = aggregate(out.loss_mat, mb.mask, AGG, horizon)
         policy.zero_grad(set_to_none=True)
         loss.backward()
@@ -135,15 +127,7 @@ def objective_run(
 
     def run() -> None:
         logp = lp.logp.detach().clone().requires_grad_(True)
-        out = obj(
-            logp=logp,
-            behavior_logp=mb.behavior_logp,
-            advantages=mb.advantages,
-            mask=mb.mask,
-            old_logp=mb_old,
-            topk_logp=topk_logp,
-            topk_behavior_logp=mb.topk_behavior_logp,
-        )
+        out = obj(**objective_inputs(mb, logp, topk_logp, mb_old))
         loss = aggregate(out.loss_mat, mb.mask, AGG, horizon)
         loss.backward()
         {key: float(v) for key, v in out.metrics.items()}

@@ -26,19 +26,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
-from tokenizers.models import BPE
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from harness.models import (
-    CHAT_TEMPLATE,
-    EOS,
-    PAD,
-    SPECIAL_TOKENS,
+    SIZE_FIELDS,
+    TinyModelConfig,
     build_once,
     default_cache_dir,
+    hf_tokenizer,
     tiny_generation_config,
     tiny_qwen3,
+    train_bpe,
 )
 from harness.tasks.arith import ArithConfig, demonstration, make_splits
 
@@ -51,18 +50,19 @@ class Tiny32kConfig:
     bpe_vocab: int = 1000
     """size the BPE is trained to before padding (the tiny preset's target)"""
     corpus_problems: int = 20000
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    intermediate_size: int = 512
-    max_position_embeddings: int = 512
     seed: int = 0
+    shape: TinyModelConfig = TinyModelConfig()
+    """the network's sizes (SIZE_FIELDS): the tiny preset's; its warm-start fields are not used"""
+
+
+def recipe(cfg: Tiny32kConfig) -> dict[str, int]:
+    """What the folder is built from, flat (the cache key and tiny32k_build.json)."""
+    own = {k: v for k, v in asdict(cfg).items() if k != "shape"}
+    return {**own, **{name: getattr(cfg.shape, name) for name in SIZE_FIELDS}}
 
 
 def model_dir(cfg: Tiny32kConfig = Tiny32kConfig(), cache_dir: Path | None = None) -> Path:
-    key = json.dumps({"build": BUILD_VERSION, **asdict(cfg)}, sort_keys=True)
+    key = json.dumps({"build": BUILD_VERSION, **recipe(cfg)}, sort_keys=True)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return root / f"bench-tiny32k-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
@@ -78,11 +78,11 @@ def _build_into(out: Path, cfg: Tiny32kConfig) -> None:
     if len(tokenizer) != cfg.vocab_size:
         raise RuntimeError(f"tiny32k: tokenizer has {len(tokenizer)} tokens, expected {cfg.vocab_size}")
     torch.manual_seed(cfg.seed)
-    model = tiny_qwen3(cfg, tokenizer)
+    model = tiny_qwen3(cfg.shape, tokenizer)
     tiny_generation_config(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "tiny32k_build.json").write_text(json.dumps({"build": BUILD_VERSION, **asdict(cfg)}, indent=2) + "\n")
+    (out / "tiny32k_build.json").write_text(json.dumps({"build": BUILD_VERSION, **recipe(cfg)}, indent=2) + "\n")
 
 
 def _tokenizer(cfg: Tiny32kConfig) -> PreTrainedTokenizerFast:
@@ -90,19 +90,7 @@ def _tokenizer(cfg: Tiny32kConfig) -> PreTrainedTokenizerFast:
     rng = random.Random(f"tiny32k:{cfg.seed}")
     problems = rng.sample(train, min(cfg.corpus_problems, len(train)))
     corpus = [s for p in problems for s in (p.question, demonstration(p))]
-    bpe = Tokenizer(BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=cfg.bpe_vocab,
-            min_frequency=2,
-            special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
+    bpe = train_bpe(corpus, cfg.bpe_vocab)
     # Pad the model's vocab with fillers: "~" plus lowercase letters, all printable ASCII, which byte-level BPE
     # maps to themselves, so they decode to exactly that text. No merges are added, so encoding is unchanged.
     spec = json.loads(bpe.to_str())
@@ -118,14 +106,7 @@ def _tokenizer(cfg: Tiny32kConfig) -> PreTrainedTokenizerFast:
         if f"~{word}" not in vocab:
             vocab[f"~{word}"] = next_id
             next_id += 1
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
-        eos_token=EOS,
-        pad_token=PAD,
-        padding_side="left",
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=cfg.max_position_embeddings,
-    )
+    return hf_tokenizer(Tokenizer.from_str(json.dumps(spec)), cfg.shape.max_position_embeddings)
 
 
 if __name__ == "__main__":

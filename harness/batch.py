@@ -91,6 +91,17 @@ def build_batch(ro: Rollout, advantages: Tensor, pad_id: int, topk: int) -> Trai
     )
 
 
+def objective_inputs(
+    b: TrainBatch, logp: Tensor, topk_logp: Tensor | None, old_logp: Tensor | None
+) -> dict[str, Tensor | None]:
+    """An objective's keyword arguments (`harness.objectives.Objective`) for the policy's log-probs of `b`'s rows:
+    mu, the advantages and the mask from the batch, pi_old as given."""
+    return {
+        "logp": logp, "behavior_logp": b.behavior_logp, "advantages": b.advantages, "mask": b.mask,
+        "old_logp": old_logp, "topk_logp": topk_logp, "topk_behavior_logp": b.topk_behavior_logp,
+    }  # fmt: skip
+
+
 def policy_logprobs(
     model: torch.nn.Module,
     batch: TrainBatch,

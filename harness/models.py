@@ -63,6 +63,13 @@ CHAT_TEMPLATE = (
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
+# TinyModelConfig's fields that shape the network (what `tiny_qwen3` reads); bench's tiny32k takes them too.
+SIZE_FIELDS = (
+    "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+    "max_position_embeddings",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TinyModelConfig:
     """The tiny Qwen3 and its warm start. Defaults are the measured recipe (21% T=1 at SFT step 300)."""
@@ -91,11 +98,7 @@ class TinyModelConfig:
     it). A sampled one decodes as its own text, so it spoils the answer, as a stray token does at scale."""
 
     def __post_init__(self) -> None:
-        positive = (
-            "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-            "max_position_embeddings", "sft_batch", "corpus_size",
-        )  # fmt: skip
-        for name in positive:
+        for name in (*SIZE_FIELDS, "sft_batch", "corpus_size"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"TinyModelConfig.{name} must be a positive integer, got {value!r}")
@@ -248,10 +251,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 # ---------------------------------------------------------------- building the tiny model
 
 
-def tiny_qwen3(sizes: object, tokenizer: PreTrainedTokenizerBase) -> Qwen3ForCausalLM:
-    """A freshly initialised Qwen3 with tied embeddings over `tokenizer`'s vocabulary, no BOS token, the tokenizer's
-    EOS and PAD; `sizes` has TinyModelConfig's size fields (hidden_size, num_layers, num_heads, num_kv_heads,
-    head_dim, intermediate_size, max_position_embeddings). The tiny preset and bench's tiny32k share it."""
+def tiny_qwen3(sizes: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen3ForCausalLM:
+    """A freshly initialised Qwen3 of `sizes` (its SIZE_FIELDS) with tied embeddings over `tokenizer`'s vocabulary,
+    no BOS token, the tokenizer's EOS and PAD. The tiny preset and bench's tiny32k share it."""
     return Qwen3ForCausalLM(
         Qwen3Config(
             vocab_size=len(tokenizer),
@@ -303,32 +305,39 @@ def _build_into(out: Path, cfg: TinyModelConfig, task: ArithConfig, progress: bo
     )
 
 
-def _train_tokenizer(train: list[Problem], cfg: TinyModelConfig, rng: random.Random) -> PreTrainedTokenizerFast:
-    corpus = []
-    for p in balanced_sample(train, cfg.corpus_size, rng):
-        # Question and answer are separate strings: special tokens always separate them in the chat format.
-        corpus += [p.question, demonstration(p)]
+def train_bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE trained on `corpus` up to `vocab_size` entries, SPECIAL_TOKENS first (the tiny preset's and
+    bench's tiny32k's)."""
     bpe = Tokenizer(BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(
         corpus,
         trainers.BpeTrainer(
-            vocab_size=cfg.vocab_size,
+            vocab_size=vocab_size,
             min_frequency=2,
             special_tokens=list(SPECIAL_TOKENS),
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         ),
     )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token=EOS,
-        pad_token=PAD,
-        padding_side="left",
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=cfg.max_position_embeddings,
-    )
+    return bpe
+
+
+def hf_tokenizer(bpe: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
+    """`bpe` as the tiny models' HF tokenizer: EOS, PAD, left padding, the chat template."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token=EOS, pad_token=PAD, padding_side="left", chat_template=CHAT_TEMPLATE,
+        model_max_length=max_length,
+    )  # fmt: skip
+
+
+def _train_tokenizer(train: list[Problem], cfg: TinyModelConfig, rng: random.Random) -> PreTrainedTokenizerFast:
+    corpus = []
+    for p in balanced_sample(train, cfg.corpus_size, rng):
+        # Question and answer are separate strings: special tokens always separate them in the chat format.
+        corpus += [p.question, demonstration(p)]
+    tokenizer = hf_tokenizer(train_bpe(corpus, cfg.vocab_size), cfg.max_position_embeddings)
     # Plain (not special) added tokens: decoding keeps them in the text, where they break the answer's format.
     tokenizer.add_tokens([f"<|unused{i}|>" for i in range(cfg.unused_tokens)])
     return tokenizer

@@ -86,11 +86,7 @@ class RolloutConfig:
     )
     temperature: float = field(default=1.0, metadata={"gt": 0, "help": "sampling temperature (papers: 1.0)"})
     behavior: Literal["engine", "trainer"] = field(
-        default="engine",
-        metadata={
-            "help": "who supplies the behaviour log-probs mu: the rollout engine (the papers' anchor), or 'trainer': "
-            "recomputed before the first update, so pi = mu there (DPPO Fig. 3's 'No mismatch' reference)"
-        },
+        default="engine", metadata={"help": "who supplies mu; 'trainer': pi = mu at the first update (DPPO Fig. 3)"}
     )
     logit_noise: float = field(
         default=0.0,

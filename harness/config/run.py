@@ -85,12 +85,7 @@ class TrainerConfig:
     )
     samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
     max_bad_steps: int = field(
-        default=3,
-        metadata={
-            "ge": 1,
-            "help": "steps in a row with a skipped update (NaN/inf log-probs, loss or gradient) after which the run "
-            "stops, failed, with a checkpoint of the last good weights",
-        },
+        default=3, metadata={"ge": 1, "help": "steps in a row with a non-finite update before the run stops, failed"}
     )
     checkpoint_pause_s: float = field(
         default=0.0,
@@ -133,12 +128,7 @@ class TrainerConfig:
 class EvalConfig:
     n: int = field(default=1, metadata={"ge": 1, "help": "samples per problem (avg@n, pass@n, maj@n)"})
     engine: Literal["rollout", "policy"] = field(
-        default="rollout",
-        metadata={
-            "help": "who samples the held-out evaluation: the rollout engine, with its precision and logit noise "
-            "(as the papers evaluate), or 'policy': an HF engine holding the trainer's exact weights in fp32, with "
-            "no quantisation or noise, so a mismatch dose never enters the score it is judged by"
-        },
+        default="rollout", metadata={"help": "who samples evaluations: the engine or 'policy' (the fp32 weights)"}
     )
     temperature: float = field(default=1.0, metadata={"gt": 0})
     top_p: float = field(
@@ -193,14 +183,7 @@ class RewardConfig:
         },
     )
     timeout_s: float = field(default=5.0, metadata={"gt": 0, "help": "hard limit on grading one completion"})
-    workers: int = field(
-        default=0,
-        metadata={
-            "ge": 0,
-            "help": "grading processes: 0 = one per core, 1 = in-process; integer answers skip math-verify and "
-            "never start one",
-        },
-    )
+    workers: int = field(default=0, metadata={"ge": 0, "help": "grading processes: 0 = one per core, 1 = in-process"})
 
     def grade_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `harness.rewards.grade` for this config."""

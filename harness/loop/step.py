@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.advantages import compute_advantages
-from harness.batch import TrainBatch, build_batch, policy_logprobs
+from harness.batch import TrainBatch, build_batch, objective_inputs, policy_logprobs
 from harness.logprobs import LogProbOutput
 from harness.loop.checkpoint import checkpoint
 from harness.loop.diagnostics import bad_update_frac, masked_mean, mismatch, rollout_metrics, zero_weight
@@ -320,15 +320,7 @@ def objective_or_skip(
     per update); the entropy and the top-K log-probs come from the same logits as logp (harness.logprobs), so a
     NaN in them is a NaN in logp. Non-finite advantages or top-K mu alone are a bug upstream: the error stands."""
     try:
-        return objective(
-            logp=lp.logp,
-            behavior_logp=b.behavior_logp,
-            advantages=b.advantages,
-            mask=b.mask,
-            old_logp=old_logp,
-            topk_logp=lp.topk_logp,
-            topk_behavior_logp=b.topk_behavior_logp,
-        )
+        return objective(**objective_inputs(b, lp.logp, lp.topk_logp, old_logp))
     except NonFiniteInputError as e:
         if e.counts.keys().isdisjoint(_SKIPPED_INPUTS):
             raise
