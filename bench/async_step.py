@@ -14,6 +14,13 @@ get B4's dense reward (the harness after its real grader), so every step makes i
 
 Targets: async k = 1 >= 1.6x the synchronous step rate; the harness (the faster of k = 0, 1, 2) >= 3x TRL's
 tokens/s. Writes bench/results/async_step.json.
+
+Ceiling: the synchronous loop once more with the trainer on the threads an asynchronous run gives it (one of 2
+cores) measures what each side costs alone there: generation e1 (the engine generates on its own threads in both
+loops) and the updates u1; the synchronous case gives them on every core, u2. However the work is scheduled, the
+engine's e1 seconds leave the trainer its share of the cores only, and the rest of the updates can at best have
+every core: a step takes at least e1 + u2 (1 - e1 / u1) plus the step's other work (grading, batch building),
+so k > 0 can gain at most the synchronous step over that, with perfect overlap and free switching of cores.
 """
 
 from __future__ import annotations
@@ -42,6 +49,22 @@ def default_model() -> str:
     return str(model_dir(validate(compose())))
 
 
+def async_trainer_threads() -> int:
+    """The torch threads an asynchronous run's trainer has beside its engine."""
+    from harness.config import compose, validate
+    from harness.loop.state import trainer_threads
+
+    return trainer_threads(validate(compose("trainer.max_staleness=1")))
+
+
+def medians(rows: list[tuple[float, float, float, float]]) -> dict[str, float]:
+    step_s = statistics.median(r[0] for r in rows)
+    return {
+        "step_s": step_s, "steps_per_s": 1 / step_s, "tok_s": sum(r[1] for r in rows) / sum(r[0] for r in rows),
+        "gen_s": statistics.median(r[2] for r in rows), "train_s": statistics.median(r[3] for r in rows),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="timed steps per case (median)")
@@ -63,11 +86,14 @@ def main() -> None:
             path, args.engine, args.steps, args.warmup, None, args.seed, SHAPE,
             overrides=(f"trainer.max_staleness={k}",),
         )  # fmt: skip
-        step_s = statistics.median(r[0] for r in rows)
-        cases[f"k={k}"] = {
-            "step_s": step_s, "steps_per_s": 1 / step_s, "tok_s": sum(r[1] for r in rows) / sum(r[0] for r in rows),
-            "gen_s": statistics.median(r[2] for r in rows), "train_s": statistics.median(r[3] for r in rows),
-        }  # fmt: skip
+        cases[f"k={k}"] = medians(rows)
+    cases["k=0, trainer's share"] = medians(
+        run_harness(
+            path, args.engine, args.steps, args.warmup, async_trainer_threads(), args.seed, SHAPE,
+            overrides=("trainer.max_staleness=0",),
+        )
+    )  # fmt: skip
+    limit = ceiling(cases["k=0"], cases["k=0, trainer's share"])
     # TRL with torch's own default, every core: an asynchronous harness run above left the process at its half
     torch.set_num_threads(os.cpu_count() or 1)
     trl_rows = run_trl(path, args.steps, args.warmup, args.seed, SHAPE)
@@ -77,15 +103,16 @@ def main() -> None:
         cases["trl"] = {"step_s": seconds / (len(trl_rows) / SHAPE.updates), "tok_s": tokens / seconds}
 
     sync = cases["k=0"]
-    print(f"{'case':<6} {'step s':>7} {'gen s':>6} {'train s':>7} {'tokens/s':>9} {'vs sync':>8}")
+    print(f"{'case':<21} {'step s':>7} {'gen s':>6} {'train s':>7} {'tokens/s':>9} {'vs sync':>8}")
     for name, r in cases.items():
         ratio = sync["step_s"] / r["step_s"]
-        print(f"{name:<6} {r['step_s']:>7.3f} {r.get('gen_s', float('nan')):>6.3f} "
+        print(f"{name:<21} {r['step_s']:>7.3f} {r.get('gen_s', float('nan')):>6.3f} "
               f"{r.get('train_s', float('nan')):>7.3f} {r['tok_s']:>9.0f} {ratio:>8.2f}")  # fmt: skip
     speedup = sync["step_s"] / cases["k=1"]["step_s"]
     summary = [{
         "id": "B6", "case": f"async k=1 vs sync, {args.engine}, 32x8x24, 4 updates", "metric": "step rate ratio",
         "value": round(speedup, 3), "target": f">= {TARGETS['async']:g}", "met": speedup >= TARGETS["async"],
+        "ceiling": round(limit, 3),
     }]  # fmt: skip
     if "trl" in cases:
         best = max(cases[c]["tok_s"] for c in ("k=0", "k=1", "k=2"))
@@ -99,6 +126,11 @@ def main() -> None:
         print("trl is not installed (pip install -e '.[bench]'): the TRL row is missing")
     for row in summary:
         print(f"B6 {row['case']}: {row['value']:.2f} (target {row['target']})")
+    over_trl = f", so at most {sync['tok_s'] * limit / cases['trl']['tok_s']:.2f}x TRL" if "trl" in cases else ""
+    print(
+        f"B6 ceiling of k > 0 over sync on these {os.cpu_count()} cores: {limit:.2f}{over_trl} (perfect overlap, "
+        "free switching of cores; from the k=0 rows, module docstring)"
+    )
     print(
         f"median over {args.steps} steps after {args.warmup} warm-up steps; gen s: the time a step waited for or "
         "made its batch (perf/rollout_s), train s: its updates and weight sync or publish (perf/train_s)"
@@ -111,6 +143,14 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": cases, "summary": summary}, indent=2) + "\n")
     print(f"wrote {args.out} ({meta['wall_s']:.0f} s)")
+
+
+def ceiling(every_core: dict[str, float], share: dict[str, float]) -> float:
+    """The most a k > 0 step can gain over the synchronous one (module docstring): `every_core` and `share` are the
+    synchronous loop's medians with the trainer on every core and on its asynchronous share of them."""
+    e1, u1, u2 = share["gen_s"], share["train_s"], every_core["train_s"]
+    other = every_core["step_s"] - every_core["gen_s"] - u2
+    return every_core["step_s"] / (e1 + u2 * max(0.0, 1 - e1 / u1) + other)
 
 
 if __name__ == "__main__":  # vLLM spawns helpers that re-import this module

@@ -96,6 +96,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # Python through _posixsubprocess, which raises no audit event: their tests carry the mark by hand.
 _LAUNCH_EVENTS = {"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn"}
 _PYTHON = re.compile(r"(^|[\s/])(python[\d.]*|torchrun)(\s|$)|\brun\.py\b")
+# `file` reads a program without running it: platform.architecture() probes the interpreter with `file -b <python>`
+# (TRL's import does, where the bench extra is installed).
+_PROBES = {"file"}
 _fast_test: str | None = None  # the node id of the running test that is not marked slow
 _refusal: BaseException | None = None  # the failure the audit hook raised in it
 
@@ -114,7 +117,7 @@ def _no_python_in_fast_tests(event: str, args: tuple) -> None:
     if _fast_test is None or event not in _LAUNCH_EVENTS:
         return
     words = _command_line(event, args)
-    if not any(_PYTHON.search(w) for w in words):
+    if not any(_PYTHON.search(w) for w in words) or os.path.basename(words[0]) in _PROBES:
         return
     from harness.grading import _WORKER_CODE
 

@@ -373,3 +373,15 @@ def test_bench_summary_says_why_a_results_file_has_no_rows(tmp_path):
         "rollout.json: no summary block (written before bench.common, or by an older script)",
         "rl_step.json: no target checked: trl was not installed, so no baseline (make bench)",
     ]
+
+
+def test_b6_ceiling_by_hand():
+    """B6's ceiling: the engine's one-core time leaves the trainer its share of the cores, the rest of the updates
+    get every core at best. Synchronous 0.9 s (generation 0.4, updates 0.4 on every core, 0.1 else), updates 0.8 s
+    on the trainer's share: a k > 0 step needs 0.4 + 0.4 * (1 - 0.4 / 0.8) + 0.1 = 0.7 s at least. An engine
+    slower than the updates (1.0 s) bounds the step alone: 1.0 + 0.1."""
+    from bench.async_step import ceiling
+
+    every_core = {"step_s": 0.9, "gen_s": 0.4, "train_s": 0.4}
+    assert ceiling(every_core, {"gen_s": 0.4, "train_s": 0.8}) == pytest.approx(0.9 / 0.7)
+    assert ceiling(every_core, {"gen_s": 1.0, "train_s": 0.8}) == pytest.approx(0.9 / 1.1)
