@@ -26,20 +26,20 @@ so k > 0 can gain at most the synchronous step over that, with perfect overlap a
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench.common import base_meta, summary_row, write_results
 from bench.rl_step import Shape, run_harness, run_trl
 
 RESULTS = Path(__file__).resolve().parent / "results" / "async_step.json"
 SHAPE = Shape(prompts=32, group=8, tokens=24, updates=4)
 TARGETS = {"async": 1.6, "trl": 3.0}
+SHARE = "k=0, trainer's share"  # the synchronous loop with the trainer on its asynchronous share of the cores
 
 
 def default_model() -> str:
@@ -80,6 +80,23 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
     t_start = time.perf_counter()
     path = default_model()
+    cases = measure(path, args)
+    limit = ceiling(cases["k=0"], cases[SHARE])
+    summary = targets(cases, args.engine, limit)
+    report(cases, summary, limit, args)
+    meta = {
+        **base_meta(torch.get_num_threads(), args.steps, args.warmup, reused=False),
+        "threads": None,  # each case takes the run's own default (module docstring)
+        "model": path, "engine": args.engine, "shape": SHAPE.__dict__, "cores": os.cpu_count(),
+        "wall_s": time.perf_counter() - t_start,
+    }  # fmt: skip
+    rows = [{"case": name, **r} for name, r in cases.items()]
+    print(f"wrote {write_results('async_step', meta, rows, summary, args.out)} ({meta['wall_s']:.0f} s)")
+
+
+def measure(path: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Each case's medians: k = 0, 1, 2 at the run's thread default, k = 0 with the trainer on its asynchronous
+    share of the cores (the ceiling's one-core costs), and TRL (when installed)."""
     cases: dict[str, dict[str, float]] = {}
     for k in (0, 1, 2):
         rows = run_harness(
@@ -87,13 +104,11 @@ def main() -> None:
             overrides=(f"trainer.max_staleness={k}",),
         )  # fmt: skip
         cases[f"k={k}"] = medians(rows)
-    cases["k=0, trainer's share"] = medians(
-        run_harness(
-            path, args.engine, args.steps, args.warmup, async_trainer_threads(), args.seed, SHAPE,
-            overrides=("trainer.max_staleness=0",),
-        )
+    rows = run_harness(
+        path, args.engine, args.steps, args.warmup, async_trainer_threads(), args.seed, SHAPE,
+        overrides=("trainer.max_staleness=0",),
     )  # fmt: skip
-    limit = ceiling(cases["k=0"], cases["k=0, trainer's share"])
+    cases[SHARE] = medians(rows)
     # TRL with torch's own default, every core: an asynchronous harness run above left the process at its half
     torch.set_num_threads(os.cpu_count() or 1)
     trl_rows = run_trl(path, args.steps, args.warmup, args.seed, SHAPE)
@@ -101,28 +116,32 @@ def main() -> None:
         seconds = sum(r[0] for r in trl_rows)
         tokens = sum(r[1] for r in trl_rows)
         cases["trl"] = {"step_s": seconds / (len(trl_rows) / SHAPE.updates), "tok_s": tokens / seconds}
+    return cases
 
+
+def targets(cases: dict[str, dict[str, float]], engine: str, limit: float) -> list[dict]:
+    """The summary rows: k = 1 over sync (with the ceiling), and the best harness case over TRL."""
+    speedup = cases["k=0"]["step_s"] / cases["k=1"]["step_s"]
+    case = f"async k=1 vs sync, {engine}, 32x8x24, 4 updates"
+    summary = [summary_row("B6", case, "step rate ratio", speedup, f">= {TARGETS['async']:g}")]
+    summary[0]["ceiling"] = round(limit, 4)
+    if "trl" in cases:
+        best = max(cases[c]["tok_s"] for c in ("k=0", "k=1", "k=2"))
+        case = "harness (best of k=0,1,2) vs TRL GRPOTrainer, 32x8x24, 4 updates"
+        summary.append(
+            summary_row("B6", case, "tokens/s ratio", best / cases["trl"]["tok_s"], f">= {TARGETS['trl']:g}")
+        )
+    return summary
+
+
+def report(cases: dict[str, dict[str, float]], summary: list[dict], limit: float, args: argparse.Namespace) -> None:
     sync = cases["k=0"]
     print(f"{'case':<21} {'step s':>7} {'gen s':>6} {'train s':>7} {'tokens/s':>9} {'vs sync':>8}")
     for name, r in cases.items():
         ratio = sync["step_s"] / r["step_s"]
         print(f"{name:<21} {r['step_s']:>7.3f} {r.get('gen_s', float('nan')):>6.3f} "
               f"{r.get('train_s', float('nan')):>7.3f} {r['tok_s']:>9.0f} {ratio:>8.2f}")  # fmt: skip
-    speedup = sync["step_s"] / cases["k=1"]["step_s"]
-    summary = [{
-        "id": "B6", "case": f"async k=1 vs sync, {args.engine}, 32x8x24, 4 updates", "metric": "step rate ratio",
-        "value": round(speedup, 3), "target": f">= {TARGETS['async']:g}", "met": speedup >= TARGETS["async"],
-        "ceiling": round(limit, 3),
-    }]  # fmt: skip
-    if "trl" in cases:
-        best = max(cases[c]["tok_s"] for c in ("k=0", "k=1", "k=2"))
-        over = best / cases["trl"]["tok_s"]
-        summary.append({
-            "id": "B6", "case": "harness (best of k=0,1,2) vs TRL GRPOTrainer, 32x8x24, 4 updates",
-            "metric": "tokens/s ratio", "value": round(over, 3), "target": f">= {TARGETS['trl']:g}",
-            "met": over >= TARGETS["trl"],
-        })  # fmt: skip
-    else:
+    if "trl" not in cases:
         print("trl is not installed (pip install -e '.[bench]'): the TRL row is missing")
     for row in summary:
         print(f"B6 {row['case']}: {row['value']:.2f} (target {row['target']})")
@@ -135,14 +154,6 @@ def main() -> None:
         f"median over {args.steps} steps after {args.warmup} warm-up steps; gen s: the time a step waited for or "
         "made its batch (perf/rollout_s), train s: its updates and weight sync or publish (perf/train_s)"
     )
-    meta = {
-        "model": path, "engine": args.engine, "shape": SHAPE.__dict__, "steps": args.steps, "warmup": args.warmup,
-        "cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-        "wall_s": time.perf_counter() - t_start,
-    }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": cases, "summary": summary}, indent=2) + "\n")
-    print(f"wrote {args.out} ({meta['wall_s']:.0f} s)")
 
 
 def ceiling(every_core: dict[str, float], share: dict[str, float]) -> float:
