@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.quant import QuantSpec, fp8_quantize_dequantize, is_body_weight, quantize_state_dict
+from harness.quant import QuantSpec, ScaledCopy, fp8_quantize_dequantize, is_body_weight, quantize_state_dict
 
 StateDictTransform = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -109,9 +109,28 @@ def fp8_fake_quant_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[st
         }
 
 
-def rollout_weight_transform(precision: str) -> StateDictTransform | None:
-    """What `sync_weights` applies to trainer weights before copying them into a CPU rollout engine."""
+def rollout_weight_format(precision: str) -> str | None:
+    """The format the rollout copy rounds its Linear weights to, or None when it keeps them in its dtype."""
     spec = get(precision)
+    if spec.rollout_quant is not None:
+        return spec.rollout_quant.weights
+    return "e4m3" if spec.rollout_fp8 else None
+
+
+def rollout_weight_transform(precision: str, scale_refresh: int = 1) -> StateDictTransform | None:
+    """What `sync_weights` applies to trainer weights before copying them into a CPU rollout engine.
+
+    `scale_refresh` (rollout.scale_refresh): 1 sets each sync's scales from its own weights; k > 1 keeps them for
+    k syncs and 0 for the whole run (harness.quant.ScaledCopy, a stateful transform)."""
+    spec = get(precision)
+    if scale_refresh != 1:
+        fmt = rollout_weight_format(precision)
+        if fmt is None:
+            raise ValueError(
+                f"rollout.scale_refresh: {scale_refresh} needs a precision that quantises the rollout copy's weights "
+                f"(fp8_rollout, fp8_e2e, w*a*_rollout); {precision} keeps them in its dtype. Use 1"
+            )
+        return ScaledCopy(fmt, scale_refresh)
     if spec.rollout_quant is not None:
         return functools.partial(quantize_state_dict, spec=spec.rollout_quant)
     return fp8_fake_quant_state_dict if spec.rollout_fp8 else None

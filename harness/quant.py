@@ -20,7 +20,9 @@ never trains.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,12 +70,26 @@ def quantize_dequantize(x: torch.Tensor, fmt: str, dim: int | None = -1) -> torc
     """Round `x` to `fmt` with one amax scale per slice along `dim` (None: per tensor) and back, in x's dtype."""
     if fmt == "e4m3":
         return fp8_quantize_dequantize(x, dim=dim)
-    if fmt not in _INT_LEVELS:
+    return quantize_with_scale(x, fmt, amax_scale(x, fmt, dim))
+
+
+def amax_scale(x: torch.Tensor, fmt: str, dim: int | None = -1) -> torch.Tensor:
+    """The scale that maps each slice's largest magnitude onto `fmt`'s largest level (float32, keepdim)."""
+    if fmt not in FORMATS:
         raise ValueError(f"quant format: unknown {fmt!r}; allowed: {', '.join(FORMATS)}")
-    levels = _INT_LEVELS[fmt]
     xf = x.float()
     amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
-    scale = amax.clamp(min=1e-12) / levels
+    return amax.clamp(min=1e-12) / (E4M3_MAX if fmt == "e4m3" else _INT_LEVELS[fmt])
+
+
+def quantize_with_scale(x: torch.Tensor, fmt: str, scale: torch.Tensor) -> torch.Tensor:
+    """Round `x` to `fmt` on a given scale and back, saturating at the format's largest level: with a scale set
+    on other weights, values past the old range clip and the rest round on the old grid."""
+    xf = x.float()
+    if fmt == "e4m3":
+        q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return (q.float() * scale).to(x.dtype)
+    levels = _INT_LEVELS[fmt]
     return ((xf / scale).round().clamp(-levels, levels) * scale).to(x.dtype)
 
 
@@ -139,3 +155,46 @@ def quantize_state_dict(state_dict: dict[str, torch.Tensor], spec: QuantSpec) ->
             name: quantize_dequantize(t.detach(), spec.weights, dim=-1) if is_body_weight(name, t) else t
             for name, t in state_dict.items()
         }
+
+
+class ScaledCopy:
+    """A quantised copy whose per-channel weight scales are set at the first sync and refreshed every
+    `refresh` syncs (0 = never), as a deployed low-precision checkpoint keeps the scales it was calibrated with
+    while the trainer's weights move on. Refresh 1 is `quantize_state_dict` exactly (scales from each sync's own
+    weights). Between refreshes the copy's error grows with how far each channel moved: values past the old
+    range saturate, the rest round on the old grid.
+
+    Stateful (the scales, the sync count): `state` / `load_state` carry it through a checkpoint, so a resumed
+    run's copy rounds as the uninterrupted run's would.
+    """
+
+    def __init__(self, fmt: str, refresh: int) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"quant format: unknown {fmt!r}; allowed: {', '.join(FORMATS)}")
+        if refresh < 0:
+            raise ValueError(f"rollout.scale_refresh: {refresh}; allowed: 0 (scales fixed at step 0) or k >= 1")
+        self.fmt = fmt
+        self.refresh = refresh
+        self.syncs = 0
+        self.scales: dict[str, torch.Tensor] = {}
+
+    def __call__(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        fresh = self.syncs == 0 or (self.refresh > 0 and self.syncs % self.refresh == 0)
+        self.syncs += 1
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, t in state_dict.items():
+                if not is_body_weight(name, t):
+                    out[name] = t
+                    continue
+                if fresh or name not in self.scales:
+                    self.scales[name] = amax_scale(t.detach(), self.fmt, dim=-1)
+                out[name] = quantize_with_scale(t.detach(), self.fmt, self.scales[name])
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"syncs": self.syncs, "scales": {k: v.clone() for k, v in self.scales.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.syncs = int(state["syncs"])
+        self.scales = {k: v.clone() for k, v in state["scales"].items()}

@@ -96,6 +96,28 @@ class RolloutConfig:
             "weight-independent training-inference mismatch of known size (0 = off)",
         },
     )
+    sync_every: int = field(
+        default=1, metadata={"ge": 1, "help": "the engine takes the trainer's weights after every k-th step (stale)"}
+    )
+    scale_refresh: int = field(
+        default=1,
+        metadata={
+            "ge": 0,
+            "help": "quantised copies: weight scales set at the first sync, refreshed every k syncs (0 = never)",
+        },
+    )
+    top_p: float = field(default=1.0, metadata={"gt": 0, "le": 1, "help": "training rollouts: nucleus sampling"})
+    top_k: int = field(default=0, metadata={"ge": 0, "help": "training rollouts: sample among the k likeliest (0 off)"})
+    min_p: float = field(
+        default=0.0, metadata={"ge": 0, "lt": 1, "help": "training rollouts: drop tokens below min_p x the top one"}
+    )
+    mu: Literal["full", "truncated"] = field(
+        default="full",
+        metadata={
+            "help": "under top_p/top_k/min_p: mu over the whole vocabulary (vLLM's and TRL's default) or "
+            "renormalised over the kept tokens (the sampled distribution: the cure)"
+        },
+    )
     max_topk: int = field(
         default=20, metadata={"ge": 1, "help": "most top-K log-probs the engine can return per token"}
     )
@@ -111,6 +133,11 @@ class RolloutConfig:
         default=True,
         metadata={"help": "vLLM on GPU: free its memory (weights to CPU, KV cache dropped) while the trainer trains"},
     )
+
+    @property
+    def truncates(self) -> bool:
+        """Training rollouts sample from a truncated distribution (top_p, top_k or min_p set)."""
+        return self.top_p < 1 or self.top_k > 0 or self.min_p > 0
 
 
 @dataclass(frozen=True)

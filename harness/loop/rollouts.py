@@ -165,6 +165,10 @@ def generate(run: Run, step: int, problems: list[Problem]) -> Rollout:
         topk=run.objective.topk,
         temperature=cfg.rollout.temperature,
         seed=cfg.seed * 1_000_003 + step,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        min_p=cfg.rollout.min_p,
+        mu=cfg.rollout.mu,
     )
 
 
@@ -186,6 +190,9 @@ def step_batch(run: Run, step: int) -> tuple[list[Problem], Rollout, int]:
 def staleness_metrics(run: Run, step: int, version: int) -> dict[str, float]:
     """The lag of the step's samples behind the trainer, in updates (one version per batch: its distribution is a
     point); none in the synchronous loop, whose metrics rows stay as they were."""
+    k = run.cfg.rollout.sync_every
+    if k > 1:  # the engine's weights are those after the last multiple of k before this step
+        return {"rollout/policy_version": float((step - 1) // k * k), "rollout/staleness": float((step - 1) % k)}
     if not run.cfg.trainer.max_staleness:
         return {}
     return {"rollout/policy_version": float(version), "rollout/staleness": float(step - 1 - version)}
@@ -197,8 +204,8 @@ def after_update(run: Run, step: int) -> None:
         state = snapshot(run)  # a collective: every rank takes part
         if run.rollouts is not None:
             run.rollouts.publish(step, state)  # type: ignore[arg-type]
-    elif run.cfg.rollout.sync == "rollout":
-        run.sync_weights()
+    elif run.cfg.rollout.sync == "rollout" and step % run.cfg.rollout.sync_every == 0:
+        run.sync_weights()  # rollout.sync_every = k > 1: a stale engine, synced after steps k, 2k, ...
 
 
 def snapshot(run: Run) -> State | None:

@@ -27,13 +27,14 @@ def make_engine(kind: str, model_path: str, precision: str, seed: int, max_model
         raise ValueError(f"rollout engine: unknown {kind!r}; allowed: {', '.join(ENGINES)}")
     spec = precisions.get(precision)
     device = kw.pop("device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    scale_refresh = kw.pop("scale_refresh", 1)
     if kind == "hf":
         for key in _VLLM_ONLY:
             kw.pop(key, None)
         return HFEngine(
             model_path,
             spec.rollout_dtype,
-            precisions.rollout_weight_transform(precision),
+            precisions.rollout_weight_transform(precision, scale_refresh),
             seed,
             max_model_len=max_model_len,
             device=device,
@@ -48,7 +49,9 @@ def make_engine(kind: str, model_path: str, precision: str, seed: int, max_model
 
     vllm_kw = precisions.vllm_kwargs(precision, device)
     # vLLM's own fp8 (GPU) quantizes the copy itself; fake-quant on top would round twice.
-    transform = None if "quantization" in vllm_kw else precisions.rollout_weight_transform(precision)
+    if "quantization" in vllm_kw and scale_refresh != 1:
+        raise ValueError("rollout.scale_refresh: vLLM's own fp8 on a GPU sets its scales itself; use 1 or rollout=hf")
+    transform = None if "quantization" in vllm_kw else precisions.rollout_weight_transform(precision, scale_refresh)
     return VLLMEngine(
         model_path,
         vllm_kw["dtype"],
@@ -78,4 +81,5 @@ def engine_from_config(rollout: Any, model_path: str, precision: str, seed: int,
         tensor_parallel_size=rollout.tensor_parallel_size,
         sleep=rollout.sleep,
         logit_noise=rollout.logit_noise,
+        scale_refresh=rollout.scale_refresh,
     )

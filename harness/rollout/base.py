@@ -63,6 +63,10 @@ class Sampling:
     seed: int
     top_p: float
     progress: str | None
+    top_k: int = 0
+    min_p: float = 0.0
+    mu: str = "full"
+    """under truncation: "full" = log-probs over the whole vocabulary, "truncated" = renormalised over the kept set"""
 
 
 class RolloutEngine(ABC):
@@ -85,16 +89,27 @@ class RolloutEngine(ABC):
         seed: int | None = None,
         top_p: float = 1.0,
         progress: str | None = None,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        mu: str = "full",
     ) -> Rollout:
         """`top_p` < 1 samples from the nucleus (evaluation: the DPPO paper's top-p 0.95); the returned log-probs are
         then not the sampled distribution's (HF: log_softmax(logits / T) over the whole vocabulary; vLLM: processed,
-        renormalised over the nucleus), so training rollouts keep top_p = 1 (objectives.md P5). `progress`: a
-        label for a progress bar on stderr while the call runs (`progress_bar`; evaluation sets it)."""
+        renormalised over the nucleus), so training rollouts keep top_p = 1 (objectives.md P5) unless they emulate
+        truncated sampling on purpose: `top_k` (0 = off), `min_p` and `mu` ("full" or "truncated", HF only: see
+        `Sampling`) are the rollout.top_k / min_p / mu mismatch model. `progress`: a label for a progress bar on
+        stderr while the call runs (`progress_bar`; evaluation sets it)."""
         check_generate_args(prompts, n, max_new_tokens, topk, temperature, self.max_topk, self.max_model_len, top_p)
+        if top_k < 0 or not 0 <= min_p < 1 or mu not in ("full", "truncated"):
+            raise ValueError(
+                f"generate: top_k must be >= 0, min_p in [0, 1), mu full or truncated; got {top_k}, {min_p}, {mu!r}"
+            )
         if seed is None:
             seed = call_seed(self.seed, self._calls)
         self._calls += 1
-        return self.sample(Sampling(prompts, n, max_new_tokens, topk, temperature, seed, top_p, progress))
+        return self.sample(
+            Sampling(prompts, n, max_new_tokens, topk, temperature, seed, top_p, progress, top_k, min_p, mu)
+        )
 
     @abstractmethod
     def sample(self, s: Sampling) -> Rollout: ...

@@ -104,6 +104,9 @@ class HFEngine(RolloutEngine):
             torch.Generator(self.device).manual_seed(s.seed),
             s.top_p,
             logit_noise=self.logit_noise,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            mu=s.mu,
         )
         # One batch decodes every sequence together: its progress is in tokens, up to max_new_tokens.
         bar = progress_bar(s.progress, s.max_new_tokens, unit="token") if s.progress else None
@@ -196,18 +199,33 @@ class _Tick(LogitsProcessor):
 class _SampleAndRecord(LogitsProcessor):
     """Samples each step's token from softmax(logits / T) and records its log-prob and the sorted top-K.
 
-    With top_p < 1 it samples from the nucleus (the smallest set of most probable tokens covering top_p) but still
-    records log_softmax(logits / T) over the whole vocabulary: top_p is for evaluation, where log-probs are unused.
+    Truncation (rollout.top_k / top_p / min_p, and evaluation's top_p), applied in that order as transformers'
+    warpers are: top_k keeps the k most probable tokens, top_p the smallest most-probable set covering top_p of
+    what is left, min_p the tokens at least min_p times the most probable one. `mu` says what is recorded: "full"
+    is log_softmax(logits / T) over the whole vocabulary (what vLLM's raw log-probs and TRL record; under
+    truncation it is not the distribution sampled from, so pi/mu is biased), "truncated" is that distribution
+    renormalised over the kept tokens (-inf outside them): the sampled distribution itself.
 
     Returns 0 at the sampled token and -inf elsewhere, so greedy decoding emits exactly that token. Rows that have
     already finished get a token too; `generate` replaces it with padding and the rollout mask drops it.
     """
 
     def __init__(
-        self, temperature: float, k: int, generator: torch.Generator, top_p: float = 1.0, logit_noise: float = 0.0
+        self,
+        temperature: float,
+        k: int,
+        generator: torch.Generator,
+        top_p: float = 1.0,
+        logit_noise: float = 0.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        mu: str = "full",
     ) -> None:
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
+        self.min_p = min_p
+        self.mu = mu
         self.logit_noise = logit_noise
         self.k = k
         self.generator = generator
@@ -225,11 +243,10 @@ class _SampleAndRecord(LogitsProcessor):
         lp = torch.log_softmax(logits / self.temperature, dim=-1)
         # Inverse CDF. float64 accumulation (as torch.multinomial's CPU kernel) keeps the CDF's steps exact down
         # to tail probabilities ~1e-16; right=True never lands on a zero-probability token (its step is empty).
-        probs = lp.exp()
-        if self.top_p < 1:  # nucleus: drop every token the more probable ones already cover top_p without
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            covered = (sorted_p.cumsum(dim=-1) - sorted_p) >= self.top_p  # the most probable token always stays
-            probs = probs.masked_fill(torch.zeros_like(covered).scatter_(1, order, covered), 0.0)
+        probs = truncate(lp.exp(), self.top_k, self.top_p, self.min_p)
+        if self.mu == "truncated" and probs is not None:
+            lp = torch.log(probs / probs.sum(dim=-1, keepdim=True))  # -inf outside the kept set
+        probs = lp.exp() if probs is None else probs
         cdf = probs.cumsum(dim=-1, dtype=torch.float64)
         u = torch.rand(cdf.shape[0], 1, generator=self.generator, device=cdf.device, dtype=torch.float64)
         tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.shape[1] - 1)
@@ -246,3 +263,22 @@ class _SampleAndRecord(LogitsProcessor):
             torch.stack(self.topk_ids, dim=1).cpu(),
             torch.stack(self.topk_logp, dim=1).cpu(),
         )
+
+
+def truncate(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor | None:
+    """`probs` [B, V] with the tokens top_k, top_p and min_p drop set to 0 (not renormalised), in that order;
+    None when nothing truncates. The most probable token always stays."""
+    if not (top_k > 0 or top_p < 1 or min_p > 0):
+        return None
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[:, -1:]
+        probs = probs.masked_fill(probs < kth, 0.0)
+    if top_p < 1:  # nucleus over what top_k left: drop every token the more probable ones already cover top_p without
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        if top_k > 0:  # what top_k kept, as a distribution (untruncated probabilities already sum to 1)
+            sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+        covered = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        probs = probs.masked_fill(torch.zeros_like(covered).scatter_(1, order, covered), 0.0)
+    if min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    return probs

@@ -189,8 +189,10 @@ class VLLMEngine(RolloutEngine):
 
     # --- sampling ---
     def sample(self, s: Sampling) -> Rollout:
+        if s.mu == "full" and (s.top_k > 0 or s.min_p > 0):
+            raise ValueError("generate: mu=full under top_k/min_p is recorded by the HF engine only; use mu=truncated")
         params = [
-            self._sampling_params(s.n, s.max_new_tokens, s.topk, s.temperature, int(k), s.top_p)
+            self._sampling_params(s.n, s.max_new_tokens, s.topk, s.temperature, int(k), s.top_p, s.top_k, s.min_p)
             for k in np.random.SeedSequence(s.seed).generate_state(len(s.prompts))
         ]
         # Only where it shows: vLLM divides by a disabled bar's elapsed time (0) to print its speeds.
@@ -223,14 +225,24 @@ class VLLMEngine(RolloutEngine):
         )
 
     def _sampling_params(
-        self, n: int, max_new_tokens: int, topk: int, temperature: float, seed: int, top_p: float = 1.0
+        self,
+        n: int,
+        max_new_tokens: int,
+        topk: int,
+        temperature: float,
+        seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
     ) -> Any:
+        # Truncation (top_p < 1, top_k, min_p) only for evaluation and for the rollout.mu=truncated mismatch model:
+        # the processed log-probs are then renormalised over the kept tokens, the distribution sampled from.
         return self._vllm.SamplingParams(
             n=n,
             temperature=temperature,
-            top_p=top_p,  # 1 in training (log-probs = the sampled distribution); < 1 only for evaluation
-            top_k=0,
-            min_p=0.0,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
             max_tokens=max_new_tokens,
             logprobs=topk,
             seed=seed,
