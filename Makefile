@@ -18,7 +18,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers and vLLM from source, ~10 s per process, and the test suite starts over a hundred.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map replay
+.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map mechanism-map replay
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -93,6 +93,13 @@ findings: $(STAMP)  ## every claim of the CPU findings suite (v7, 98 runs: ~105 
 # DRPO, two one-thread runs at a time, resumable; then findings/map/MAP.md, map.json, cells.csv and figures/.
 testbed-map: $(STAMP)  ## where the papers' mechanism shows on this testbed (120 runs, ~2 h on 2 cores; resumable)
 	$(PY) -m analysis.testbed_map
+
+# The mechanism map (findings/map/mechanism.yaml): mismatch models that move with the policy, each in a 2 x 2 (dose off /
+# on x PG-IS / DPPO-TV) on two seed halves, a negative control and the staleness-only cell; screening chooses the doses.
+# Resumable across machines: findings/map/mechanism/runs.csv is the record. PHASE=screen or PHASE=conclude runs one part.
+PHASE ?= all
+mechanism-map: $(STAMP)  ## does a trust region rescue each mismatch model? (<= 180 min on 2 cores; resumable)
+	$(PY) -m analysis.mechanism_map --phase $(PHASE)
 
 # The rollout replay (analysis/replay.py): one GRPO run at suite v7's condition O keeps the objective inputs of four
 # steps' updates, then every objective runs on exactly those tokens: findings/replay/REPLAY.md and figures/.
