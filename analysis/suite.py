@@ -109,6 +109,7 @@ class Suite:
                 )
             suite.arm_seeds[arm] = n
         suite.conditions = {str(k): dict(v or {}) for k, v in (raw.get("conditions") or {}).items()}
+        _computed_controls(path, raw, suite)
         for claim in suite.claims:
             _check_claim(path, claim, suite)
             for part in claim.get("parts", []):  # a rule the report cannot apply must fail now, not after the runs
@@ -145,6 +146,51 @@ class Suite:
             for arm in arms
             if i < self.arm_seeds.get(arm, len(seeds))
         ]
+
+
+MECHANISM_JSON = ROOT / "findings" / "map" / "mechanism.json"
+
+
+def _computed_controls(path: Path, raw: dict[str, Any], suite: Suite) -> None:
+    """A condition's positive control read from the mechanism map (`control: <model>`, its mechanism.json's computed
+    `positive_control`), never written by hand from suite v8 on: a hand-written one is refused. Its claims get the
+    computed value."""
+    version = int(raw.get("version", 7))
+    where = f"error: {path}"
+    if version >= 8:
+        for name, cond in suite.conditions.items():
+            if "positive_control" in cond:
+                raise SystemExit(
+                    f"{where}: conditions.{name}.positive_control is written by hand; from v8 on it is computed by "
+                    "the mechanism map: name the map's model with `control: <model>`"
+                )
+        for claim in suite.claims:
+            if "positive_control" in claim:
+                raise SystemExit(
+                    f"{where}: claim {claim.get('id')}: positive_control is written by hand; from v8 on its "
+                    "condition's `control:` reads it from the mechanism map"
+                )
+    for name, cond in suite.conditions.items():
+        if "control" not in cond:
+            continue
+        source = (path.parent / cond["map"]).resolve() if "map" in cond else MECHANISM_JSON
+        try:
+            models = json.loads(source.read_text(encoding="utf-8"))["models"]
+        except (OSError, ValueError, KeyError):
+            raise SystemExit(
+                f"{where}: conditions.{name}.control: {source} is missing or unreadable; run make mechanism-map"
+            ) from None
+        model = str(cond["control"])
+        if model not in models:
+            raise SystemExit(
+                f"{where}: conditions.{name}.control: {model!r} is not a model of {source.name} ({', '.join(models)})"
+            )
+        cond["positive_control"] = bool(models[model].get("positive_control", False))
+        cond["evidence"] = cond.get("evidence") or f"{source.name}: {model} ({models[model].get('status')})"
+    for claim in suite.claims:
+        cond = suite.conditions.get(str(claim.get("condition")))
+        if cond is not None and "control" in cond:
+            claim["positive_control"] = cond["positive_control"]
 
 
 def _check_claim(path: Path, claim: dict[str, Any], suite: Suite) -> None:
