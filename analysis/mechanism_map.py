@@ -287,6 +287,11 @@ def run_plan(plan: list[Planned], folder: Path, workers: int, label: str) -> Non
 # --- calibration ------------------------------------------------------------------------------------------------
 
 
+def screened(m: MapFile, rows: pd.DataFrame, model: str) -> bool:
+    """Every screening run of the model (and of the dose-off cell) is recorded as completed."""
+    return all(recorded(rows, p) for p in m.screening() if p.model in (model, OFF))
+
+
 def calibration(m: MapFile, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str | None]]:
     """Per screened dose: its calibration numbers and whether it is calibrated; per model: the chosen dose."""
     done = rows[(rows["phase"] == "screen") & (rows["status"] == "completed")] if len(rows) else rows
@@ -326,12 +331,13 @@ def calibration(m: MapFile, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str,
         if spec["kind"] != "candidate":
             continue
         ok = cal[(cal["model"] == name) & cal["calibrated"]] if len(cal) else cal
-        chosen[name] = str(ok.sort_values("early_mismatch").iloc[-1]["dose"]) if len(ok) else None
+        done_screening = screened(m, rows, name)
+        chosen[name] = str(ok.sort_values("early_mismatch").iloc[-1]["dose"]) if len(ok) and done_screening else None
     targets = [float(cal[(cal["model"] == n) & (cal["dose"] == d)]["early_mismatch"].iloc[0])
                for n, d in chosen.items() if d is not None and m.models[n]["kind"] == "candidate"]  # fmt: skip
     neg = next(n for n, s in m.models.items() if s["kind"] == "negative")
     noise = cal[cal["model"] == neg] if len(cal) else cal
-    if len(noise) and noise["early_mismatch"].notna().any():
+    if len(noise) and noise["early_mismatch"].notna().any() and screened(m, rows, neg):
         if targets:
             goal = float(np.median(targets))
             chosen[neg] = str(noise.loc[(noise["early_mismatch"] - goal).abs().idxmin(), "dose"])
@@ -412,7 +418,8 @@ def conclude(m: MapFile, rows: pd.DataFrame, chosen: dict[str, str | None]) -> d
     for name, spec in m.models.items():
         entry: dict[str, Any] = {"kind": spec["kind"], "label": spec.get("label", name), "dose": chosen.get(name)}
         if chosen.get(name) is None:
-            entry.update(positive_control=False, status="not calibrated here", halves={})
+            status = "not calibrated here" if screened(m, rows, name) else "screening incomplete"
+            entry.update(positive_control=False, status=status, halves={}, shows_any=False)
             out[name] = entry
             continue
         halves = {}
@@ -441,6 +448,8 @@ def conclude(m: MapFile, rows: pd.DataFrame, chosen: dict[str, str | None]) -> d
 def verdict_line(name: str, e: dict[str, Any]) -> str:
     if e["status"] == "not calibrated here":
         return f"- **{name}** ({e['label']}): not calibrated here: no dose met the calibration rule; no conclusion runs"
+    if e["status"] == "screening incomplete":
+        return f"- **{name}** ({e['label']}): screening incomplete: its dose is not chosen yet"
     parts = []
     for h, v in e["halves"].items():
         i, g = v["interaction"], v["mismatch_growth"]

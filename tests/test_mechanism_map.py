@@ -111,7 +111,8 @@ def screen_rows(m: MapFile, values: dict[tuple[str, str], dict[str, float]]) -> 
     for p in m.screening():
         row = {"phase": p.phase, "model": p.model, "dose": p.dose, "arm": p.arm, "seed": p.seed, "status": "completed",
                "early_mismatch": 0.0, "step1_mismatch": 0.0, "late_mismatch": 0.0, "step1_masked": 0.0,
-               "early_masked": 0.0, "bad_update": 0.0, "final_eval": 0.3}  # fmt: skip
+               "early_masked": 0.0, "bad_update": 0.0, "final_eval": 0.3,
+               "overrides": " ".join(p.overrides)}  # fmt: skip
         row.update(values.get((p.model, p.dose), {}))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -140,6 +141,9 @@ def test_calibration_picks_the_largest_calibrated_dose_and_matches_the_noise() -
     }  # fmt: skip
     assert cal.set_index("dose").loc["topk10", "measured_on"] == "topk10_cure"
     assert cal.set_index("dose").loc["topk10", "early_mismatch"] == 0.008
+    # A screening not finished chooses nothing yet.
+    _, partial = calibration(m, rows.iloc[:-1])
+    assert partial["noise"] is None and partial["fixed_scales"] == "w3a8_fixed"
 
 
 def test_the_budget_cuts_from_the_end_of_the_order_never_seeds() -> None:
@@ -175,7 +179,7 @@ def test_negative_control_that_shows_a_criterion_withholds_every_positive_contro
     assert all(h["positive_control"] for h in out["fixed_scales"]["halves"].values())
     assert out["noise"]["clean"] is False
     assert out["fixed_scales"]["positive_control"] is False and "negative control" in out["fixed_scales"]["withheld"]
-    assert out["truncation"]["status"] == "not calibrated here"
+    assert out["truncation"]["status"] == "screening incomplete"  # no screening rows: not chosen, not refused
 
 
 def test_the_run_record_by_hand(tmp_path) -> None:
