@@ -351,18 +351,21 @@ def calibration(m: MapFile, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str,
 # --- the rules ---------------------------------------------------------------------------------------------------
 
 
-def contrast_interval(groups: list[np.ndarray], weights: list[float]) -> tuple[float, float, float]:
-    """sum w_i mean_i with a 95% Welch-Satterthwaite t interval (unequal variances and sizes)."""
-    if any(len(g) < 2 for g in groups):
+def contrast_interval(groups: list[np.ndarray], weights: list[float]) -> tuple[Any, Any, Any]:
+    """sum w_i mean_i with a 95% Welch-Satterthwaite t interval (unequal variances and sizes), over the last axis:
+    2-D groups give one interval per row (the coverage test's simulated experiments)."""
+    groups = [np.asarray(g, dtype=float) for g in groups]
+    if any(g.shape[-1] < 2 for g in groups):
         return math.nan, math.nan, math.nan
-    est = float(sum(w * g.mean() for g, w in zip(groups, weights, strict=True)))
-    parts = [w * w * g.var(ddof=1) / len(g) for g, w in zip(groups, weights, strict=True)]
-    se2 = float(sum(parts))
-    if se2 == 0:
-        return est, est, est
-    df = se2**2 / sum(p * p / (len(g) - 1) for p, g in zip(parts, groups, strict=True))
-    q = float(stats.t.ppf(0.975, df))
-    return est, est - q * math.sqrt(se2), est + q * math.sqrt(se2)
+    est = sum(w * g.mean(axis=-1) for g, w in zip(groups, weights, strict=True))
+    parts = [w * w * g.var(axis=-1, ddof=1) / g.shape[-1] for g, w in zip(groups, weights, strict=True)]
+    se2 = sum(parts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = se2**2 / sum(p * p / (g.shape[-1] - 1) for p, g in zip(parts, groups, strict=True))
+        half = stats.t.ppf(0.975, df) * np.sqrt(se2)
+    half = np.where(se2 == 0, 0.0, half)  # no spread anywhere: the contrast is exact
+    out = (est, est - half, est + half)
+    return tuple(float(x) for x in out) if np.ndim(est) == 0 else out
 
 
 def growth_coefficient(on: pd.DataFrame) -> tuple[float, float, float]:
