@@ -252,6 +252,19 @@ def test_cppo_vectors(dtype):
     assert metric(out, "divergence_mean") == pytest.approx(0.141375, abs=1e-6)
 
 
+def test_cppo_prefix_budget_is_the_clamped_linear_p90_of_each_response():
+    # Budget per unit weight b = clamp(P90(D), 0.02, 0.04), P90 by linear interpolation at rank 0.9 (T - 1):
+    # Row 0: D = 0.01, 0.02, 0.03 (pi - mu), rank 1.8: 0.02 + 0.8 * 0.01 = 0.028, inside the clamp.
+    # Row 1: D = 0, 0.005, rank 0.9: 0.0045 -> 0.02.   Row 2: D = 0.3 (T = 1): 0.3 -> 0.04.
+    # Row 3: padding only, not a response. Mean over the three responses: (0.028 + 0.02 + 0.04)/3 = 0.0293333.
+    # (The nearest rank would give row 0 0.03.) No token is masked: every c_t stays 0.2 here but row 2's, Z 0.3 > 0.2.
+    mu = [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.2, 0.5, 0.5], [0.5, 0.5, 0.5]]
+    pi = [[0.51, 0.52, 0.53], [0.5, 0.505, 0.5], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]
+    _, out = run("cppo", mu, pi, [1.0, 1.0, 1.0, 1.0], [[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    assert metric(out, "prefix_budget_mean") == pytest.approx(0.088 / 3, abs=1e-9)
+    assert metric(out, "budget_masked_frac") == pytest.approx(1 / 6)
+
+
 def test_cppo_zero_advantage_and_unmoved_tokens_are_always_kept():
     """keep = [A (r - 1) <= 0] or [Z <= c]: an A = 0 token and an r = 1 token pass the first clause whatever the
     budget (DPPO instead routes A = 0 through its negative rule).

@@ -143,8 +143,9 @@ def _response_span(
     return inside, out[0], out[1]
 
 
-def cppo_mask(b: Batch, cfg: CPPOConfig, tensors: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, Tensor]:
-    """(dropped, c, D), each [B, T]: the tokens CPPO removes, their threshold c_t and divergence D_t.
+def cppo_mask(b: Batch, cfg: CPPOConfig, tensors: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dropped, c, D, budget): the tokens CPPO removes, their threshold c_t and divergence D_t ([B, T]), and each
+    response's budget per unit weight ([B, 1]).
 
     Per response of length T (loss-masked tokens included, padding excluded), t = 1..T:
         D_t = |pi_t - mu_t|;  w_t = 1 - (1 - w_min)(t - 1)/max(T - 1, 1);  Z_t = w_t D_t
@@ -171,7 +172,7 @@ def cppo_mask(b: Batch, cfg: CPPOConfig, tensors: dict[str, Tensor | None]) -> t
         r_anchor = torch.exp(b.log_ratio(cfg.anchor))
         toward = (b.advantages * (r_anchor - 1.0)) <= 0
         dropped = ~(toward | (z <= c)) & b.mask
-        return dropped, c, d
+        return dropped, c, d, budget
 
 
 def _quantile(x: Tensor, inside: Tensor, n: Tensor, q: float) -> Tensor:
@@ -191,7 +192,7 @@ def cppo(*, cfg: CPPOConfig, **tensors: Tensor | None) -> ObjectiveOutput:
     """c = A * min(r, C) * keep, keep the position-weighted prefix-budget mask above; r = exp(clamp(log pi - log mu,
     -20, 20)) is differentiable in UniRL, so a token past the clamp gets no gradient."""
     b = prepare(cfg.name, **tensors, needs_old=cfg.needs_old, needs_topk=False)
-    dropped, c, d = cppo_mask(b, cfg, tensors)
+    dropped, c, d, budget = cppo_mask(b, cfg, tensors)
     a = b.advantages
     coef = torch.where(dropped, torch.zeros((), dtype=a.dtype, device=a.device), a * b.ratio().clamp(max=cfg.is_cap))
     flows = (b.logp.detach() - b.behavior_logp).abs() <= LOG_RATIO_CLAMP
@@ -201,4 +202,5 @@ def cppo(*, cfg: CPPOConfig, **tensors: Tensor | None) -> ObjectiveOutput:
         metrics["objective/budget_masked_frac"] = masked_mean(dropped.float(), m)  # A = 0 tokens counted too
         metrics["objective/negative_threshold_frac"] = masked_mean((c < 0).float(), m)
         metrics["objective/divergence_mean"] = masked_mean(d, m)
+        metrics["objective/prefix_budget_mean"] = masked_mean(budget[:, 0], m.any(-1))  # over responses
     return ObjectiveOutput(pg_loss(b, coef, flows), {k: v.detach() for k, v in metrics.items()})
