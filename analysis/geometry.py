@@ -62,7 +62,8 @@ def gradient_coefficient(
 ) -> np.ndarray:
     """c with grad = c * grad(log pi) for objective `name` at behaviour prob `mu`, policy prob `pi`, advantage `adv`.
 
-    Inputs broadcast against each other. The objective is called on one row of tokens in float64 and c is
+    Inputs broadcast against each other. The objective is called in float64 on one-token responses, one per
+    point ([N, 1]: a sequence-level objective, GSPO's ratio or CPPO's budget, sees each token alone), and c is
     read off autograd: loss = -(surrogate), so c = -d loss / d log pi. With no mismatch assumed, the trainer's
     recompute equals the rollout's (old_logp = log mu) and the Top-K set is the sampled token alone (K = 1,
     where Top-K TV/KL equal Binary TV/KL).
@@ -71,9 +72,9 @@ def gradient_coefficient(
         np.asarray(mu, dtype=np.float64), np.asarray(pi, dtype=np.float64), np.asarray(adv, dtype=np.float64)
     )
     obj = get_objective(name, **overrides)
-    behavior = torch.from_numpy(np.log(mu_a).reshape(1, -1).copy())
-    logp = torch.from_numpy(np.log(pi_a).reshape(1, -1).copy()).requires_grad_(True)
-    advantages = torch.from_numpy(adv_a.reshape(1, -1).copy())
+    behavior = torch.from_numpy(np.log(mu_a).reshape(-1, 1).copy())
+    logp = torch.from_numpy(np.log(pi_a).reshape(-1, 1).copy()).requires_grad_(True)
+    advantages = torch.from_numpy(adv_a.reshape(-1, 1).copy())
     topk = obj.cfg.needs_topk
     out = obj(
         logp=logp,
@@ -84,7 +85,7 @@ def gradient_coefficient(
         topk_logp=logp.detach().unsqueeze(-1) if topk else None,
         topk_behavior_logp=behavior.unsqueeze(-1) if topk else None,
     )
-    # Each token's loss depends on its own log pi only, so the gradient of the sum is the per-token derivative.
+    # Each one-token response's loss depends on its own log pi only: the gradient of the sum is the per-token one.
     (grad,) = torch.autograd.grad(out.loss_mat.sum(), logp)
     return (-grad).reshape(mu_a.shape).numpy()
 

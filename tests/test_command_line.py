@@ -50,7 +50,7 @@ def test_help_lists_groups_and_key_help_and_writes_nothing(tmp_path):
     res = run_cli("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
-    assert "== Groups ==" in out and "objective: cispo, cispo_minimax, dppo" in out
+    assert "== Groups ==" in out and "objective: cispo, cispo_minimax, cppo, dppo" in out
     assert "trainer.lr (float, default 0.0001)" in out and "trainer.resume (bool | 'auto', default False)" in out
     assert "objective (dppo)" in out and "_schema" not in out
     assert "--multirun" in out  # Hydra's own flags are still listed

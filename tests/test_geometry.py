@@ -106,6 +106,16 @@ def test_every_objective_is_finite_and_silent_at_zero_advantage(name: str) -> No
     assert np.all(gradient_coefficient(name, mu, pi, 0.0) == 0)
 
 
+def test_sequence_objectives_are_drawn_per_token() -> None:
+    # Each point is its own one-token response: GSPO's s is that token's r = pi/mu, clipped above 1 + 4e-4 (A > 0);
+    # CPPO's first token has c_1 = delta = 0.2, so it is DPPO-TV at 0.2. (As one response of the whole grid, GSPO
+    # would give every point the grid's one s, and CPPO's budget would run across points.)
+    mu, pi = np.meshgrid(prob_grid(21), prob_grid(21))
+    r = pi / mu
+    assert gradient_coefficient("gspo", mu, pi, 1.0) == pytest.approx(np.where(r > 1 + 4e-4, 0.0, r), rel=1e-12)
+    assert gradient_coefficient("cppo", mu, pi, 1.0) == pytest.approx(np.where(pi - mu > 0.2, 0.0, r), rel=1e-12)
+
+
 def test_drpo_modulation_is_its_weight_and_turns_corrective_past_delta() -> None:
     mu, pi = np.meshgrid(prob_grid(41), prob_grid(41))
     for adv in (1.0, -1.0):

@@ -1,7 +1,8 @@
 """Property tests over random inputs: autograd coefficients equal the spec's closed forms for every objective.
 
 Probabilities range down to 1e-6; advantages include exact zeros. Closed forms are written independently of the
-implementation, in plain Python floats, straight from objectives.md §2.
+implementation, in plain Python floats, straight from objectives.md §2. A drawn list of tokens is one response:
+GSPO's ratio and CPPO's budget are functions of the whole response (`closed_form_row`), the rest of each token.
 """
 
 from __future__ import annotations
@@ -71,15 +72,62 @@ def closed_form(name: str, mu: float, pi: float, old: float, a: float) -> float:
         return a * w + abs(a)
     if name == "penalty_k3":
         return a * w - abs(a) * (r - 1)
+    if name == "icepop":  # MiniRL's clip on pi/pi_old (0.2 / 0.2), and 0 unless 0.5 <= pi_old/mu <= 5
+        k, r_old = old / mu, pi / old
+        clipped = (a > 0 and r_old > 1.2) or (a < 0 and r_old < 0.8)
+        return 0.0 if clipped or not 0.5 <= k <= 5.0 else a * w
     raise KeyError(name)
 
 
-SCALAR_OBJECTIVES = [n for n in OBJECTIVE_NAMES if not n.startswith("dppo_topk")]
+def on_edge(x: float, edge: float) -> bool:
+    """x within rounding of a threshold: the implementation may land on either side."""
+    return math.isclose(x, edge, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def closed_form_row(name: str, rows: list[tuple[float, float, float, float]]) -> list[set[float]]:
+    """Per token of one response, the coefficients allowed: one value, or both sides of a threshold it sits on."""
+    if name == "gspo":  # s = exp(min(mean log(pi/mu), 10)) for every token; PPO-clip on s at 3e-4 / 4e-4
+        mean = sum(math.log(pi / mu) for mu, pi, _, _ in rows) / len(rows)
+        s = math.exp(min(mean, 10.0))
+        out = []
+        for _, _, _, a in rows:
+            value = 0.0 if mean > 10 else a * min(s, 1e4)  # past the clamp: no gradient
+            clipped = (a > 0 and s > 1 + 4e-4) or (a < 0 and s < 1 - 3e-4)
+            edge = on_edge(s, 1 + 4e-4) or on_edge(s, 1 - 3e-4) or on_edge(mean, 10.0)
+            out.append({0.0, value, a * min(s, 1e4)} if edge else {0.0 if clipped else value})
+        return out
+    if name == "cppo":  # delta 0.2, w_min 0.8, delta_b 0.02 (objectives.md §2.9)
+        n = len(rows)
+        d = [abs(pi - mu) for mu, pi, _, _ in rows]
+        w = [1 - 0.2 * t / max(n - 1, 1) for t in range(n)]
+        ranked, rank = sorted(d), 0.9 * (n - 1)
+        lo = int(rank)
+        hi = min(lo + 1, n - 1)
+        p90 = ranked[lo] + (ranked[hi] - ranked[lo]) * (rank - lo)
+        budget = min(max(p90, 0.02), 0.04)
+        out, spent, weight = [], 0.0, 0.0
+        for (mu, pi, _, a), wt, dt in zip(rows, w, d, strict=True):
+            threshold = min(0.2, 0.2 + budget * weight - spent)
+            z = wt * dt
+            toward = a * (pi / mu - 1) <= 0
+            value = a * min(pi / mu, 1e4)
+            edge = on_edge(z, threshold) or (a != 0 and on_edge(pi, mu))
+            out.append({0.0, value} if edge else {value if toward or z <= threshold else 0.0})
+            spent, weight = spent + z, weight + wt
+        return out
+    raise KeyError(name)
+
+
+SEQUENCE_OBJECTIVES = ("gspo", "cppo")
+SCALAR_OBJECTIVES = [n for n in OBJECTIVE_NAMES if not n.startswith("dppo_topk") and n not in SEQUENCE_OBJECTIVES]
 
 
 def test_closed_forms_cover_every_non_topk_objective():
     for name in SCALAR_OBJECTIVES:
         closed_form(name, 0.5, 0.5, 0.5, 1.0)
+    for name in SEQUENCE_OBJECTIVES:
+        closed_form_row(name, [(0.5, 0.5, 0.5, 1.0)])
+    assert {*SCALAR_OBJECTIVES, *SEQUENCE_OBJECTIVES} == {n for n in OBJECTIVE_NAMES if not n.startswith("dppo_topk")}
 
 
 def one_sided_range(name: str, mu: float, pi: float, old: float, a: float, rel: float = 1e-9) -> tuple[float, float]:
@@ -128,6 +176,16 @@ def test_autograd_matches_closed_forms(rows):
                 assert not close(lo, hi) and lo - 1e-7 * abs(lo) - 1e-9 <= g <= hi + 1e-7 * abs(hi) + 1e-9, (
                     name, row, g, w, lo, hi,
                 )  # fmt: skip
+            if row[3] == 0:
+                assert g == 0.0, (name, row)
+    for name in SEQUENCE_OBJECTIVES:
+        logp = pi.log().requires_grad_(True)
+        get_objective(name)(
+            logp=logp, behavior_logp=mu.log(), advantages=a, mask=torch.ones_like(a)
+        ).loss_mat.sum().backward()
+        got = (-logp.grad[0]).tolist()
+        for g, allowed, row in zip(got, closed_form_row(name, rows), rows, strict=True):
+            assert any(close(g, v) for v in allowed), (name, row, g, allowed)
             if row[3] == 0:
                 assert g == 0.0, (name, row)
 

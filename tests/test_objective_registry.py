@@ -35,6 +35,9 @@ EXPECTED_NAMES = {
     "penalty_tv",
     "penalty_kl",
     "penalty_k3",
+    "gspo",
+    "cppo",
+    "icepop",
 }
 
 
@@ -77,6 +80,19 @@ def test_yaml_stems_are_the_registry():
         ("penalty_k3", "penalty", "k3"),
         ("dppo", "anchor", "behavior"),
         ("grpo", "topk", 1),
+        ("gspo", "eps_low", 3e-4),
+        ("gspo", "eps_high", 4e-4),
+        ("gspo", "agg", "seq-mean-token-mean"),
+        ("gspo", "anchor", "behavior"),
+        ("cppo", "delta", 0.2),
+        ("cppo", "w_min", 0.8),
+        ("cppo", "delta_b", 0.02),
+        ("cppo", "anchor", "behavior"),
+        ("icepop", "anchor", "old"),
+        ("icepop", "mask_low", 0.5),
+        ("icepop", "mask_high", 5.0),
+        ("icepop", "eps_low", 0.2),
+        ("icepop", "eps_high", 0.2),
     ],
 )
 def test_documented_defaults(name, field, value):
@@ -108,6 +124,22 @@ def test_overrides_apply():
         ("drpo", {"abs_adv": "yes"}, r"objective.abs_adv: expected bool"),
         ("grpo", {"agg": "mean"}, r"objective.agg: expected 'token-mean'"),
         ("dppo", {"family": "clip"}, r"objective.family: preset 'dppo' is family 'dppo'"),
+        ("gspo", {"eps_low": 0}, r"objective.eps_low: must be > 0, got 0.0"),
+        ("gspo", {"eps_high": -4e-4}, r"objective.eps_high: must be > 0"),
+        ("cppo", {"delta": 0}, r"objective.delta: must be > 0"),
+        ("cppo", {"w_min": 0}, r"objective.w_min: must be > 0"),
+        ("cppo", {"w_min": 1.2}, r"objective.w_min: must be <= 1"),
+        ("cppo", {"delta_b": -0.01}, r"objective.delta_b: must be >= 0"),
+        ("icepop", {"mask_low": -0.5}, r"objective.mask_low: must be >= 0"),
+        ("icepop", {"mask_high": 0}, r"objective.mask_high: must be > 0"),
+        (
+            "icepop",
+            {"mask_low": 5.0, "mask_high": 0.5},
+            r"objective.mask_low: must be < objective.mask_high \(0.5\), got 5.0",
+        ),
+        ("icepop", {"mask_low": 2.0, "mask_high": 2.0}, r"objective.mask_low: must be < objective.mask_high"),
+        ("icepop", {"anchor": "behavior"}, r"objective.anchor: icepop supports only 'old'"),
+        ("icepop", {"eps_low": 0}, r"objective.eps_low: must be > 0"),
     ],
 )
 def test_bad_config_one_line_error(name, kwargs, message):

@@ -191,9 +191,17 @@ def trust_region_metrics(
     return {k: v.detach() for k, v in out.items()}
 
 
-def pg_loss(b: Batch, coef: Tensor) -> Tensor:
-    """Per-token loss with value `-coef` and gradient `-coef * grad(log pi)`; `coef` is detached, padding is 0."""
-    loss = -(coef.detach() * b.grad_carrier())
+def pg_loss(b: Batch, coef: Tensor, flows: Tensor | None = None) -> Tensor:
+    """Per-token loss with value `-coef` and gradient `-coef * grad(log pi)`; `coef` is detached, padding is 0.
+
+    `flows` (bool, [B, T] or broadcastable): where the gradient flows. Elsewhere the value stays `-coef` with no
+    gradient: a reference that differentiates through a clamped log-ratio gives a token past the clamp none (CPPO's
+    +-20 as UniRL's, GSPO's +10 as verl's; torch.clamp passes the gradient at the bound itself).
+    """
+    carrier = b.grad_carrier()
+    if flows is not None:
+        carrier = torch.where(flows, carrier, torch.ones((), dtype=carrier.dtype, device=carrier.device))
+    loss = -(coef.detach() * carrier)
     return torch.where(b.mask, loss, torch.zeros((), device=loss.device))
 
 
