@@ -97,11 +97,19 @@ class MapFile:
         self.bad_at_most = float(cal["bad_update_at_most"])
         self.models: dict[str, dict[str, Any]] = {}
         self.doses: dict[str, dict[str, Dose]] = {}
+        self.own_off: dict[str, tuple[str, ...] | None] = {}
         for name, spec in raw["models"].items():
             if spec.get("kind") not in KINDS:
                 raise SystemExit(f"{where}: models.{name}.kind: {spec.get('kind')!r}; allowed: {', '.join(KINDS)}")
             if name == OFF:
                 raise SystemExit(f"{where}: models.{OFF}: the name is the dose-off cell's")
+            unknown = set(spec) - {"kind", "label", "emulates", "doses", "dose_off"}
+            if unknown:
+                raise SystemExit(f"{where}: models.{name}: unknown key {sorted(unknown)[0]!r}")
+            if OFF in spec.get("doses", {}):
+                raise SystemExit(f"{where}: models.{name}.doses.{OFF}: the name is the dose-off cell's")
+            # A model on another setting (e.g. the MoE model) brings its own dose-off cell.
+            self.own_off[name] = tuple(str(o) for o in spec["dose_off"]) if "dose_off" in spec else None
             self.models[name] = spec
             self.doses[name] = {}
             for dose, value in spec.get("doses", {}).items():
@@ -127,6 +135,7 @@ class MapFile:
         from harness.config import compose, validate
 
         settings = {(n, d.name, d.overrides) for n in self.models for d in self.doses[n].values()}
+        settings |= {(n, OFF, off) for n, off in self.own_off.items() if off is not None}
         for model, dose, overrides in sorted(settings | {(OFF, OFF, tuple(self.off))}):
             for arm in ARMS:
                 try:
@@ -154,6 +163,8 @@ class MapFile:
         for name, spec in self.models.items():
             if spec["kind"] == "staleness":  # one dose, not calibrated: nothing to screen
                 continue
+            if (off := self.own_off[name]) is not None:
+                out += [Planned("screen", name, OFF, a, s, self.overrides(off, a, s)) for a in ARMS for s in seeds(a)]
             for d in self.doses[name].values():
                 for arm in ("none",) if d.screen_only else ARMS:
                     for s in seeds(arm):
@@ -175,6 +186,12 @@ class MapFile:
             else:
                 dose = str(chosen[name])
                 overrides = list(self.doses[name][dose].overrides)
+                if (off := self.own_off[name]) is not None:
+                    out += [
+                        Planned("conclude", name, OFF, a, s, self.overrides(off, a, s))
+                        for s in self.seeds
+                        for a in ARMS
+                    ]
             for s in self.seeds:
                 for arm in ARMS:
                     out.append(Planned("conclude", name, dose, arm, s, self.overrides(overrides, arm, s)))
@@ -428,7 +445,10 @@ def conclude(m: MapFile, rows: pd.DataFrame, chosen: dict[str, str | None]) -> d
         halves = {}
         for h in range(m.halves):
             seeds = m.seeds[h * size : (h + 1) * size]
-            off = done[(done["model"] == OFF) & done["seed"].isin(seeds)]
+            own = m.own_off[name] is not None
+            off = done[
+                (done["model"] == (name if own else OFF)) & (done["dose"].astype(str) == OFF) & done["seed"].isin(seeds)
+            ]
             on = done[(done["model"] == name) & (done["dose"].astype(str) == chosen[name]) & done["seed"].isin(seeds)]
             halves["ABCDEFGH"[h]] = decide_half(off, on)
         complete = all(v["seeds"] == need for v in halves.values())

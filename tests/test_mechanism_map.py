@@ -284,3 +284,30 @@ def test_two_halves_keep_a_false_interaction_rare_on_the_shapes_this_testbed_mak
             rate.append(lo > 0)
         assert rate[0].mean() < 0.09, (breaks, rate[0].mean())
         assert (rate[0] & rate[1]).mean() <= 0.01, (breaks, (rate[0] & rate[1]).mean())
+
+
+def test_a_model_on_another_setting_brings_its_own_dose_off_cell(tmp_path) -> None:
+    raw = yaml.safe_load(DEFAULT_MAP.read_text())
+    raw["models"]["other"] = {
+        "kind": "candidate", "dose_off": ["model.num_layers=3", "trainer.minibatches=4"],
+        "doses": {"d1": ["model.num_layers=3", "rollout.sync_every=2", "trainer.minibatches=4"]},
+    }  # fmt: skip
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
+    m = MapFile(tmp_path / "m.yaml")
+    own = [p for p in m.screening() if p.model == "other" and p.dose == "off"]
+    assert len(own) == 3 and all("model.num_layers=3" in p.overrides for p in own)  # 2 PG-IS seeds, 1 DPPO-TV
+    plan = m.conclusions({"other": "d1"})
+    assert sum(p.model == "other" and p.dose == "off" for p in plan) == 32
+    # Its 2 x 2 reads its own dose-off runs, not the shared cell's.
+    rows = [
+        {"phase": "conclude", "model": model, "dose": dose, "arm": arm, "seed": s, "status": "completed",
+         "final_eval": v, "broke": 0.0, "early_mismatch": 0.0, "late_mismatch": 0.0, "late_entropy": 0.3}
+        for s in m.seeds for arm in ("none", "tr")
+        for model, dose, v in (("off", "off", 0.9), ("other", "off", 0.3), ("other", "d1", 0.2))
+    ]  # fmt: skip
+    out = conclude(m, pd.DataFrame(rows), {"other": "d1", "noise": None})
+    assert out["other"]["halves"]["A"]["harm"][0] == pytest.approx(0.1)  # 0.3 - 0.2, not 0.9 - 0.2
+    with pytest.raises(SystemExit, match="unknown key 'dose_of'"):
+        raw["models"]["other"]["dose_of"] = []
+        (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
+        MapFile(tmp_path / "m.yaml")
