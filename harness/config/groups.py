@@ -68,6 +68,12 @@ class ModelConfig:
         default=0, metadata={"ge": 0, "help": "tokens added to the vocabulary that the task never uses (a tail)"}
     )
     init_seed: int = field(default=0, metadata={"ge": 0, "help": "seed of the tiny model's build (not the run's)"})
+    num_experts: int = field(
+        default=0, metadata={"help": "tiny model: 0 = dense; 2, 3 or 4 = a mixture of experts per layer (tiny_moe)"}
+    )
+    experts_per_token: int = field(
+        default=0, metadata={"help": "tiny mixture of experts: top-k routing, 1 <= k < num_experts (0 when dense)"}
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where built models are cached; null = default"})
 
 
