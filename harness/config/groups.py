@@ -124,6 +124,20 @@ class RolloutConfig:
             "renormalised over the kept tokens (the sampled distribution: the cure)"
         },
     )
+    router_precision: Literal["fp32", "bf16", "fp8"] = field(
+        default="fp32",
+        metadata={
+            "help": "MoE models, rollout=hf: the engine's routers compute their logits (gate weight and input) in "
+            "this precision, the trainer's stay fp32, so some top-k routes differ (fp32 = off; docs/mismatch_moe.md)"
+        },
+    )
+    router_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "MoE models, rollout=hf: the trainer's forwards use the experts the engine routed each token to "
+            "(R3, rollout routing replay), gated by its own router renormalised over them"
+        },
+    )
     max_topk: int = field(
         default=20, metadata={"ge": 1, "help": "most top-K log-probs the engine can return per token"}
     )
