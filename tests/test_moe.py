@@ -187,6 +187,38 @@ def test_replay_keeps_the_routers_gradient_and_pack_origins_point_at_their_token
     assert torch.equal(plan.input_ids[slots], flat[plan.origin[slots]])
 
 
+def test_the_training_steps_forwards_replay_when_the_run_asks() -> None:
+    """The update's forward, pi_old's recompute and rollout.behavior=trainer all route by the batch's routes under
+    rollout.router_replay, and by their own router without it."""
+    from types import SimpleNamespace
+
+    from harness.loop import step
+
+    model = tiny_moe_model().eval()
+    batch = hand_batch()
+    _, own = trainer_routes(model, batch, replay=False)
+    other = own.clone()
+    other[..., 1] = (other[..., 1] + 1) % 4
+    other[..., 1] = torch.where(other[..., 1] == other[..., 0], (other[..., 1] + 1) % 4, other[..., 1])
+    given = dataclasses.replace(batch, routes=moe.rollout_routes(other, batch.attention_mask.bool()))
+    m = batch.mask > 0
+    for replay in (False, True):
+        want = packed_logp(model, given, replay)[m]
+        cfg = SimpleNamespace(
+            rollout=SimpleNamespace(router_replay=replay, temperature=1.0),
+            trainer=SimpleNamespace(nan_logits_at_steps=()),
+        )
+        run = SimpleNamespace(
+            cfg=cfg, policy=model, prec=SimpleNamespace(train_autocast=None),
+            objective=SimpleNamespace(topk=1, needs_old=True),
+        )  # fmt: skip
+        with torch.no_grad():
+            assert torch.equal(step.forward(run, 1, given, with_grad=False).logp[m], want)  # type: ignore[arg-type]
+        assert torch.equal(step.recompute_old_logp(run, given)[m], want)  # type: ignore[arg-type, index]
+        assert torch.equal(step.trainer_behavior(run, given).behavior_logp[m], want)  # type: ignore[arg-type]
+    assert not torch.equal(packed_logp(model, given, True)[m], packed_logp(model, given, False)[m])
+
+
 # --- the engine's low-precision router, and replay, on the real engine and trainer forward -------------------------
 
 
