@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from harness import moe
 from harness.logprobs import LogProbOutput, logprobs_entropy_topk
 from harness.rollout.base import Rollout
 
@@ -39,6 +40,7 @@ class TrainBatch:
     topk_ids: Tensor  # [B, T, K]
     topk_behavior_logp: Tensor  # [B, T, K]
     advantages: Tensor  # [B, T], the sequence advantage on every response token
+    routes: Tensor | None = None  # [B, P + T, L, k]: a mixture of experts' routes in the engine (harness.moe)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -60,6 +62,7 @@ class TrainBatch:
             topk_ids=self.topk_ids[rows, :keep_t],
             topk_behavior_logp=self.topk_behavior_logp[rows, :keep_t],
             advantages=self.advantages[rows, :keep_t],
+            routes=None if self.routes is None else self.routes[rows, cols],
         )
 
 
@@ -88,6 +91,7 @@ def build_batch(ro: Rollout, advantages: Tensor, pad_id: int, topk: int) -> Trai
         topk_ids=ro.topk_ids[..., :k],
         topk_behavior_logp=ro.topk_logp[..., :k].float(),
         advantages=advantages.float()[:, None].expand(b, t) * mask,
+        routes=ro.routes,
     )
 
 
@@ -109,18 +113,22 @@ def policy_logprobs(
     with_topk: bool = False,
     autocast_dtype: torch.dtype | None = None,
     packed: bool = True,
+    replay_routes: bool = False,
 ) -> LogProbOutput:
     """Forward the policy on a TrainBatch -> LogProbOutput (logp [B, T] with grad, entropy, top-K log-probs).
 
     packed: run the rows padding-free (module docstring); the result has the [B, T] layout either way, with zeros
-    past each response's end.
+    past each response's end. A batch with routes (a mixture of experts) measures the trainer's routing against
+    them (`harness.moe.route_metrics`); replay_routes: its tokens use those experts (rollout.router_replay).
     """
     device = next(model.parameters()).device
     topk_ids = batch.topk_ids.to(device) if with_topk else None
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         if packed and packing_works(model):
             plan = pack_rows(batch)
-            logits = _logits_at(model, plan.input_ids.to(device), plan.position_ids.to(device), None, plan.source)
+            routes = None if batch.routes is None else moe.forward_routes(batch.routes, plan.origin)
+            with moe.given_routes(model, routes, replay_routes):
+                logits = _logits_at(model, plan.input_ids.to(device), plan.position_ids.to(device), None, plan.source)
             valid = plan.valid.to(device)
             out = logprobs_entropy_topk(
                 logits,
@@ -136,13 +144,15 @@ def policy_logprobs(
         p, t = batch.prompt_len, batch.response_ids.shape[1]
         b, length = batch.input_ids.shape
         flat = (torch.arange(b)[:, None] * length + torch.arange(p - 1, p + t - 1)[None]).flatten()
-        logits = _logits_at(
-            model,
-            batch.input_ids.to(device),
-            batch.position_ids.to(device),
-            batch.attention_mask.to(device),
-            flat,
-        ).unflatten(0, (b, t))
+        routes = None if batch.routes is None else moe.forward_routes(batch.routes, None)
+        with moe.given_routes(model, routes, replay_routes):
+            logits = _logits_at(
+                model,
+                batch.input_ids.to(device),
+                batch.position_ids.to(device),
+                batch.attention_mask.to(device),
+                flat,
+            ).unflatten(0, (b, t))
     return logprobs_entropy_topk(logits, batch.response_ids.to(device), topk_ids, temperature=temperature)
 
 
@@ -181,6 +191,7 @@ class PackPlan:
     position_ids: Tensor  # [R, L]: restarting at 0 for every row (and for the padding after a pack's last row)
     source: Tensor  # [n]: flat index into R * L of the hidden state that predicts each valid response token
     valid: Tensor  # [B, T] bool: response positions up to each row's last unmasked token, row-major like `source`
+    origin: Tensor  # [R, L]: each slot's token as a flat index into the batch's B * (P + T) columns; -1 = padding
 
 
 def pack_rows(batch: TrainBatch, pad_id: int = 0) -> PackPlan:
@@ -198,12 +209,15 @@ def pack_rows(batch: TrainBatch, pad_id: int = 0) -> PackPlan:
     ids = torch.full((len(packs), cap), pad_id, dtype=torch.long)
     pos = torch.zeros((len(packs), cap), dtype=torch.long)
     start = torch.zeros(b, dtype=torch.long)  # flat index of each row's first token
+    origin = torch.full((len(packs), cap), -1, dtype=torch.long)
+    width = batch.input_ids.shape[1]
     for r, pack in enumerate(packs):
         offset = 0
         for i in pack:
             p, n = int(prompt_len[i]), lengths[i]
             ids[r, offset : offset + p] = batch.input_ids[i, batch.prompt_len - p : batch.prompt_len]
             ids[r, offset + p : offset + n] = batch.response_ids[i, : n - p]
+            origin[r, offset : offset + n] = i * width + batch.prompt_len - p + torch.arange(n)
             pos[r, offset : offset + n] = torch.arange(n)
             start[i] = r * cap + offset
             offset += n
@@ -211,7 +225,7 @@ def pack_rows(batch: TrainBatch, pad_id: int = 0) -> PackPlan:
     valid = cols[None, :] < resp_len[:, None]
     # Response token j of row i is predicted by the hidden state at the row's position prompt_len + j - 1.
     source = (start + prompt_len - 1)[:, None] + cols[None, :]
-    return PackPlan(input_ids=ids, position_ids=pos, source=source[valid], valid=valid)
+    return PackPlan(input_ids=ids, position_ids=pos, source=source[valid], valid=valid, origin=origin)
 
 
 def pack_lengths(lengths: list[int]) -> list[list[int]]:

@@ -38,6 +38,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from harness import moe
 from harness.errors import first_line
 from harness.tasks.arith import ArithConfig, Problem, balanced_sample, demonstration, make_splits
 from harness.tasks.templates import render
@@ -96,13 +97,15 @@ class TinyModelConfig:
     """Tokens appended to the BPE vocabulary that no task string contains (`<|unused0|>`, ...): the untouched tail
     of a large model's vocabulary, which no warm-start target ever is (so the warm start takes probability away from
     it). A sampled one decodes as its own text, so it spoils the answer, as a stray token does at scale."""
+    num_experts: int = 0  # 2-4: a mixture of experts in every layer (harness.moe), routing each token to
+    experts_per_token: int = 0  # this many of them (top-k); both 0: the dense model
 
     def __post_init__(self) -> None:
         for name in (*SIZE_FIELDS, "sft_batch", "corpus_size"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"TinyModelConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("sft_steps", "sft_warmup", "seed", "unused_tokens"):
+        for name in ("sft_steps", "sft_warmup", "seed", "unused_tokens", "num_experts", "experts_per_token"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"TinyModelConfig.{name} must be an integer >= 0, got {value!r}")
@@ -128,7 +131,7 @@ def default_cache_dir() -> Path:
 
 def tiny_model_dir(cfg: TinyModelConfig, task: ArithConfig, cache_dir: Path) -> Path:
     """Where ``build_tiny`` keeps the model for these configs: ``cache_dir/tiny-<hash>``."""
-    model = dataclasses.asdict(cfg)
+    model = moe.recipe(cfg)
     if not model["unused_tokens"]:  # added after the pools were measured: the models without it keep their names
         del model["unused_tokens"]
     key = json.dumps({"build": BUILD_VERSION, "model": model, "task": dataclasses.asdict(task)}, sort_keys=True)
@@ -251,25 +254,24 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 # ---------------------------------------------------------------- building the tiny model
 
 
-def tiny_qwen3(sizes: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen3ForCausalLM:
+def tiny_qwen3(sizes: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """A freshly initialised Qwen3 of `sizes` (its SIZE_FIELDS) with tied embeddings over `tokenizer`'s vocabulary,
-    no BOS token, the tokenizer's EOS and PAD. The tiny preset and bench's tiny32k share it."""
-    return Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=len(tokenizer),
-            hidden_size=sizes.hidden_size,
-            intermediate_size=sizes.intermediate_size,
-            num_hidden_layers=sizes.num_layers,
-            num_attention_heads=sizes.num_heads,
-            num_key_value_heads=sizes.num_kv_heads,
-            head_dim=sizes.head_dim,
-            max_position_embeddings=sizes.max_position_embeddings,
-            tie_word_embeddings=True,
-            bos_token_id=None,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+    no BOS token, the tokenizer's EOS and PAD (bench's tiny32k's too); with num_experts, its mixture of experts."""
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=sizes.hidden_size,
+        intermediate_size=sizes.intermediate_size,
+        num_hidden_layers=sizes.num_layers,
+        num_attention_heads=sizes.num_heads,
+        num_key_value_heads=sizes.num_kv_heads,
+        head_dim=sizes.head_dim,
+        max_position_embeddings=sizes.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
+    return moe.mixture(config, sizes) if sizes.num_experts else Qwen3ForCausalLM(config)
 
 
 def tiny_generation_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -298,7 +300,7 @@ def _build_into(out: Path, cfg: TinyModelConfig, task: ArithConfig, progress: bo
     tokenizer.save_pretrained(out)
     (out / "tiny_build.json").write_text(
         json.dumps(
-            {"build": BUILD_VERSION, "model": dataclasses.asdict(cfg), "task": dataclasses.asdict(task), **info},
+            {"build": BUILD_VERSION, "model": moe.recipe(cfg), "task": dataclasses.asdict(task), **info},
             indent=2,
         )
         + "\n"
@@ -381,7 +383,7 @@ def _sft(
             input_ids[r, :n] = torch.tensor(prompt + completion)
             labels[r, len(prompt) : n] = torch.tensor(completion)
             attention[r, :n] = 1
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **moe.warm_start_kwargs(model)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

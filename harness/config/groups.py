@@ -68,6 +68,12 @@ class ModelConfig:
         default=0, metadata={"ge": 0, "help": "tokens added to the vocabulary that the task never uses (a tail)"}
     )
     init_seed: int = field(default=0, metadata={"ge": 0, "help": "seed of the tiny model's build (not the run's)"})
+    num_experts: int = field(
+        default=0, metadata={"help": "tiny model: 0 = dense; 2, 3 or 4 = a mixture of experts per layer (tiny_moe)"}
+    )
+    experts_per_token: int = field(
+        default=0, metadata={"help": "tiny mixture of experts: top-k routing, 1 <= k < num_experts (0 when dense)"}
+    )
     cache_dir: str | None = field(default=None, metadata={"help": "where built models are cached; null = default"})
 
 
@@ -116,6 +122,20 @@ class RolloutConfig:
         metadata={
             "help": "under top_p/top_k/min_p: mu over the whole vocabulary (vLLM's and TRL's default) or "
             "renormalised over the kept tokens (the sampled distribution: the cure)"
+        },
+    )
+    router_precision: Literal["fp32", "bf16", "fp8"] = field(
+        default="fp32",
+        metadata={
+            "help": "MoE models, rollout=hf: the engine's routers compute their logits (gate weight and input) in "
+            "this precision, the trainer's stay fp32, so some top-k routes differ (fp32 = off; docs/mismatch_moe.md)"
+        },
+    )
+    router_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "MoE models, rollout=hf: the trainer's forwards use the experts the engine routed each token to "
+            "(R3, rollout routing replay), gated by its own router renormalised over them"
         },
     )
     max_topk: int = field(

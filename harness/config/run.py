@@ -290,7 +290,7 @@ def _check_combinations(run: RunConfig) -> None:
     if t.max_staleness and (clash := _async_clash(run)):
         raise ValueError(f"trainer.max_staleness: {t.max_staleness} cannot be combined with {clash}")
     _check_mismatch_models(run)
-    if run.model.path is None and run.model.name != "tiny":
+    if run.model.path is None and run.model.name not in ("tiny", "tiny_moe"):
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
     _check_lengths(run)
     p = run.data.max_prompt_tokens
@@ -307,6 +307,7 @@ def _check_combinations(run: RunConfig) -> None:
 
 def _check_mismatch_models(run: RunConfig) -> None:
     """The rollout-side mismatch models (docs/mismatch.md) where they mean something."""
+    from harness.moe import check_moe
     from harness.precision import rollout_weight_format
 
     r, t = run.rollout, run.trainer
@@ -335,6 +336,7 @@ def _check_mismatch_models(run: RunConfig) -> None:
             "rollout.mu: full (mu over the whole vocabulary under top_p/top_k/min_p) is recorded by rollout=hf only; "
             "vLLM's log-probs here are renormalised: use rollout=hf or rollout.mu=truncated"
         )
+    check_moe(run.model, run.rollout)
     if r.truncates and r.mu == "truncated" and run.objective.topk > 1:
         raise ValueError(
             f"rollout.mu: truncated gives -inf to top-K tokens outside the kept set, which {run.objective.name} "

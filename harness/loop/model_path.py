@@ -38,6 +38,8 @@ def tiny_spec(cfg: RunConfig) -> tuple[TinyModelConfig, ArithConfig, Path]:
         seed=m.init_seed,
         corpus_size=m.corpus_size,
         unused_tokens=m.unused_tokens,
+        num_experts=m.num_experts,
+        experts_per_token=m.experts_per_token,
     )
     cache = Path(m.cache_dir).expanduser() if m.cache_dir else default_cache_dir()
     return tiny, arith_config(cfg.data), cache

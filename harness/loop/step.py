@@ -27,6 +27,7 @@ from harness.loop.diagnostics import bad_update_frac, masked_mean, mismatch, rol
 from harness.loop.rollouts import after_update, staleness_metrics, step_batch
 from harness.loop.state import Run
 from harness.loop.tokens import token_rows
+from harness.moe import route_metrics
 from harness.objectives import Objective, ObjectiveOutput, aggregate, aggregate_denominator
 from harness.objectives.common import NonFiniteInputError
 from harness.rewards import grade
@@ -105,7 +106,13 @@ def recompute_old_logp(run: Run, batch: TrainBatch) -> torch.Tensor | None:
     if not run.objective.needs_old:
         return None
     with torch.no_grad():
-        lp = policy_logprobs(run.policy, batch, run.cfg.rollout.temperature, autocast_dtype=run.prec.train_autocast)
+        lp = policy_logprobs(
+            run.policy,
+            batch,
+            run.cfg.rollout.temperature,
+            autocast_dtype=run.prec.train_autocast,
+            replay_routes=run.cfg.rollout.router_replay,
+        )
     return lp.logp
 
 
@@ -120,6 +127,7 @@ def trainer_behavior(run: Run, batch: TrainBatch) -> TrainBatch:
             run.cfg.rollout.temperature,
             with_topk=run.objective.topk > 1,
             autocast_dtype=run.prec.train_autocast,
+            replay_routes=run.cfg.rollout.router_replay,
         )
     topk = batch.topk_behavior_logp if lp.topk_logp is None else lp.topk_logp * batch.mask[..., None]
     return dataclasses.replace(batch, behavior_logp=lp.logp * batch.mask, topk_behavior_logp=topk)
@@ -186,6 +194,7 @@ def update(
     m = {"rollout/entropy": masked_mean(lp.entropy, b.mask)}
     if measuring:  # before the step's first update: the pure training-inference mismatch
         m.update(mismatch(lp.logp.detach(), b))
+        m.update(route_metrics(run.policy))  # a mixture of experts: routes that differ from the engine's
     if not mb.any_signal:
         return m, False, False
     out = objective_or_skip(run.objective, lp, b, mb.old_logp)
@@ -216,6 +225,7 @@ def forward(run: Run, step: int, b: TrainBatch, with_grad: bool) -> LogProbOutpu
             cfg.rollout.temperature,
             with_topk=run.objective.topk > 1,
             autocast_dtype=run.prec.train_autocast,
+            replay_routes=cfg.rollout.router_replay,
         )
 
 

@@ -45,6 +45,8 @@ def make_engine(kind: str, model_path: str, precision: str, seed: int, max_model
         raise ValueError(f"precision.name: {precision} quantises activations, which only rollout=hf simulates")
     if kw.pop("logit_noise", 0.0):
         raise ValueError("rollout.logit_noise: only rollout=hf adds logit noise")
+    if kw.pop("router_precision", "fp32") != "fp32":
+        raise ValueError("rollout.router_precision: only rollout=hf emulates a low-precision router")
     from harness.rollout.vllm import VLLMEngine
 
     vllm_kw = precisions.vllm_kwargs(precision, device)
@@ -82,4 +84,5 @@ def engine_from_config(rollout: Any, model_path: str, precision: str, seed: int,
         sleep=rollout.sleep,
         logit_noise=rollout.logit_noise,
         scale_refresh=rollout.scale_refresh,
+        router_precision=rollout.router_precision,
     )

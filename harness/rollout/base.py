@@ -49,6 +49,9 @@ class Rollout:
     """[B] int64, index of the prompt each sequence came from"""
     texts: list[str]
     """[B] decoded responses, special tokens skipped"""
+    routes: torch.Tensor | None = None
+    """[B, P + T, L, k] int16, mixture-of-experts models on the HF engine: the experts each token (prompt
+    left-padded to the longest, P, then the response) was routed to in each MoE layer, -1 where none (harness.moe)"""
 
 
 @dataclass(frozen=True)

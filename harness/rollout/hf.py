@@ -13,6 +13,8 @@ a binary search), and records each step's log-probs and top-K as it goes, so no 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -20,6 +22,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from harness import moe
 from harness.precision import StateDictTransform
 from harness.quant import QuantSpec, quantize_model
 from harness.rollout.base import (
@@ -47,6 +50,7 @@ class HFEngine(RolloutEngine):
         device: str = "cpu",
         quant: QuantSpec | None = None,
         logit_noise: float = 0.0,
+        router_precision: str = "fp32",
     ) -> None:
         self.tokenizer, eos, self.pad_id = load_tokenizer(model_path)
         self.eos_ids = torch.tensor(eos, device=device)
@@ -55,6 +59,9 @@ class HFEngine(RolloutEngine):
         load_dtype = torch.float32 if weight_transform is not None else dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype).to(device).eval()
         self.model.requires_grad_(False)
+        # A mixture of experts: its routers record every token's experts (the rollout's routes, for replay) and
+        # compute in `router_precision` (harness.moe); None for a dense model.
+        self.routers = moe.routers(self.model, router_precision)
         if quant is not None:  # a W8A8-style copy: Linear inputs rounded per token at every forward (harness.quant)
             quantize_model(self.model, quant)
         if logit_noise < 0:
@@ -111,8 +118,9 @@ class HFEngine(RolloutEngine):
         # One batch decodes every sequence together: its progress is in tokens, up to max_new_tokens.
         bar = progress_bar(s.progress, s.max_new_tokens, unit="token") if s.progress else None
         processors = [sampler] if bar is None else [sampler, _Tick(bar)]
+        recording = self.routers.recording() if self.routers is not None else contextlib.nullcontext()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), recording as recorded:
                 sequences = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -125,7 +133,7 @@ class HFEngine(RolloutEngine):
                 bar.close()
         response_ids = sequences[:, input_ids.shape[1] :]
         logp, topk_ids, topk_logp = sampler.stacked()
-        return assemble_rollout(
+        ro = assemble_rollout(
             s.prompts,
             s.n,
             response_ids.cpu(),
@@ -137,6 +145,11 @@ class HFEngine(RolloutEngine):
             self.pad_id,
             self._decode,
         )
+        if recorded is None:
+            return ro
+        real = torch.cat([attention_mask.cpu().bool(), ro.mask.bool()], dim=1)
+        routes = moe.rollout_routes(moe.recorded_routes(recorded, len(ro.texts)), real)
+        return dataclasses.replace(ro, routes=routes)
 
     # --- teacher forcing ---
     def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
