@@ -177,8 +177,7 @@ def update_minibatches(
     rows_metrics: list[dict[str, float]] = []
     updates = 0
     for rows in order.chunk(t.minibatches):
-        loss_mask = batch.mask[rows] if corr is None else batch.mask[rows] * corr.keep[rows]
-        full_denominator = float(aggregate_denominator(loss_mask, cfg.objective.agg))
+        full_denominator = minibatch_denominator(batch, corr, rows, cfg.objective.agg)
         rows = rows[pg.rank :: pg.world]  # the mini-batches are the same on every rank, their rows are split
         active = (batch.advantages[rows] != 0).any(1)
         has_signal = bool(active.any())
@@ -204,6 +203,13 @@ def update_minibatches(
         sample_tokens = sample_tokens and not sampled
         rows_metrics.append(pg.mean_metrics(m))
     return _mean_of(rows_metrics), updates
+
+
+def minibatch_denominator(batch: TrainBatch, corr: Correction | None, rows: torch.Tensor, agg: str) -> float:
+    """What a whole mini-batch's loss is normalised by: `aggregate_denominator` of its rows' loss mask, from which a
+    decoupled-mode correction has taken the rejected tokens (and so a row with none left)."""
+    mask = batch.mask[rows] if corr is None else batch.mask[rows] * corr.keep[rows]
+    return float(aggregate_denominator(mask, agg))
 
 
 def update(
