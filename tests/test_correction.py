@@ -16,7 +16,14 @@ import torch
 from harness.batch import TrainBatch
 from harness.distributed import SingleProcess
 from harness.logprobs import LogProbOutput
-from harness.loop.step import MiniBatch, corrected, minibatch_denominator, minibatch_loss, objective_or_skip
+from harness.loop.step import (
+    MiniBatch,
+    corrected,
+    decoupled_correction,
+    minibatch_denominator,
+    minibatch_loss,
+    objective_or_skip,
+)
 from harness.objectives import get_objective
 from harness.objectives.correction import CorrectionConfig, parse_is_threshold, parse_rs, rollout_correction
 from tests.conftest import compose
@@ -297,10 +304,7 @@ def loss_and_coef(objective, cfg, agg, logp, mu, old, adv, mask):
     """The mini-batch loss the trainer backpropagates for one mini-batch of every row, and c = -dL_tok/dlog pi."""
     run = fake_run(cfg, agg)
     batch = train_batch(mu, adv, mask)
-    corr = None
-    if cfg.active and not cfg.bypass_mode:
-        corr = rollout_correction(cfg, old, mu, mask)
-        batch = TrainBatch(**{**batch.__dict__, "advantages": batch.advantages * corr.keep})
+    batch, corr = decoupled_correction(run, batch, old)
     rows = torch.arange(len(batch))
     full = minibatch_denominator(batch, corr, rows, agg)
     logp = logp.clone().requires_grad_(True)
@@ -397,6 +401,21 @@ def test_correction_none_leaves_the_mini_batch_as_it_is():
     _, coef, cmb = loss_and_coef(PG_OLD, CorrectionConfig(), "token-mean", PI, MU, PI, ONES, ONES)
     assert cmb.weight is None and cmb.is_logp is None and cmb.metrics == {} and bool((cmb.mask == ONES).all())
     torch.testing.assert_close(coef, torch.exp(PI - MU))  # c = A pi/mu
+
+
+def test_a_run_recorded_before_the_correction_group_matches_correction_none():
+    # run_config.json of a run made before the group existed has no `correction`: it ran as `none`, so a resume
+    # (or the findings suite's reuse) of it under `none` finds no difference, and under any other preset does.
+    import dataclasses
+
+    from harness.rundir.record import differences
+
+    made = {"trainer": {"lr": 1e-4}}
+    none = dataclasses.asdict(CorrectionConfig())
+    assert differences(made, {"trainer": {"lr": 1e-4}, "correction": none}) == {}
+    tis = {**none, "name": "decoupled_token_is", "rollout_is": "token"}
+    changed = differences(made, {"trainer": {"lr": 1e-4}, "correction": tis})
+    assert changed == {"correction.name": ("none", "decoupled_token_is"), "correction.rollout_is": (None, "token")}
 
 
 # --- two steps of training per preset (slow) -----------------------------------------------------------------------
