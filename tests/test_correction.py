@@ -45,13 +45,14 @@ def correct(cfg: CorrectionConfig, lam: torch.Tensor, mask: torch.Tensor | None 
 
 
 def test_token_tis_caps_above_and_never_below():
-    # pi_old/mu = 3, 0.5, 1 with C = 2: w = min(raw, 2) = 2, 0.5, 1 (no lower truncation); one of three capped.
-    out = correct(CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0), lam_of([[LN(3), LN(0.5), 0.0]]))
-    torch.testing.assert_close(out.weight, lam_of([[2.0, 0.5, 1.0]]))
+    # pi_old/mu = 3, 0.25, 1 with C = 2: w = min(raw, 2) = 2, 0.25, 1 (no lower truncation at 1/C = 0.5); one of
+    # three capped.
+    out = correct(CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0), lam_of([[LN(3), LN(0.25), 0.0]]))
+    torch.testing.assert_close(out.weight, lam_of([[2.0, 0.25, 1.0]]))
     assert out.keep.all()  # a weight never rejects
     m = out.metrics
-    assert m["correction/is_weight_mean"] == pytest.approx(3.5 / 3)
-    assert (float(m["correction/is_weight_max"]), float(m["correction/is_weight_min"])) == (2.0, 0.5)
+    assert m["correction/is_weight_mean"] == pytest.approx(3.25 / 3)
+    assert (float(m["correction/is_weight_max"]), float(m["correction/is_weight_min"])) == (2.0, 0.25)
     assert m["correction/is_capped_frac"] == pytest.approx(1 / 3) and m["correction/is_capped_seq_frac"] == 1.0
 
 
