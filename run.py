@@ -18,6 +18,7 @@ from harness.cli.checks import (
     check_group_options,
     check_output_dir,
     check_override_keys,
+    check_threshold_strings,
     info_requested,
     plan_argv,
     plan_requested,
@@ -40,6 +41,7 @@ def main(cfg: DictConfig) -> float | JobFailed | None:
 
 if __name__ == "__main__":  # the guard matters: vLLM may spawn processes that re-import this file
     check_group_options(sys.argv[1:])
+    check_threshold_strings(sys.argv[1:])
     check_command_line(sys.argv[1:])
     check_override_keys(sys.argv[1:])
     scratch = tempfile.mkdtemp(prefix="harness-plan-") if plan_requested(sys.argv[1:]) else None

@@ -96,14 +96,24 @@ def build_batch(ro: Rollout, advantages: Tensor, pad_id: int, topk: int) -> Trai
 
 
 def objective_inputs(
-    b: TrainBatch, logp: Tensor, topk_logp: Tensor | None, old_logp: Tensor | None
+    b: TrainBatch,
+    logp: Tensor,
+    topk_logp: Tensor | None,
+    old_logp: Tensor | None,
+    mask: Tensor | None = None,
+    is_logp: Tensor | None = None,
 ) -> dict[str, Tensor | None]:
     """An objective's keyword arguments (`harness.objectives.Objective`) for the policy's log-probs of `b`'s rows:
-    mu, the advantages and the mask from the batch, pi_old as given."""
-    return {
-        "logp": logp, "behavior_logp": b.behavior_logp, "advantages": b.advantages, "mask": b.mask,
+    mu, the advantages and the mask from the batch (or the loss `mask` a rollout correction left), pi_old as given,
+    and `is_logp` when a rollout correction takes the importance ratio against something other than mu."""
+    out = {
+        "logp": logp, "behavior_logp": b.behavior_logp, "advantages": b.advantages,
+        "mask": b.mask if mask is None else mask,
         "old_logp": old_logp, "topk_logp": topk_logp, "topk_behavior_logp": b.topk_behavior_logp,
     }  # fmt: skip
+    if is_logp is not None:
+        out["is_logp"] = is_logp
+    return out
 
 
 def policy_logprobs(

@@ -155,7 +155,7 @@ def test_unknown_group_option_lists_the_valid_ones(group, capsys):
 
 UNKNOWN_KEYS = [
     (["trainer.lrr=1"], "trainer: unknown key 'lrr'; allowed keys: advantage, bad_update_gap, beta1, beta2,"),
-    (["traner.lr=1"], "the config: unknown key 'traner'; allowed keys: benchmark, data, device, eval, logger,"),
+    (["traner.lr=1"], "the config: unknown key 'traner'; allowed keys: benchmark, correction, data, device, eval,"),
     (["objective.delta=0.3"], "objective (objective=grpo): unknown key 'delta'; allowed keys: agg, anchor, eps_high,"),
     (["model.lora_rnk=8"], "model (model=tiny): unknown key 'lora_rnk'; allowed keys: architecture,"),
     (["-m", "objective=dppo,grpo", "objective.delta=0.3"], "objective (objective=grpo): unknown key 'delta'"),

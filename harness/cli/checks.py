@@ -14,7 +14,7 @@ from harness.config import CONF_DIR
 from harness.errors import fail
 from harness.rundir.lock import holder
 
-GROUP_NAMES = ("model", "precision", "objective", "rollout", "data", "benchmark", "logger", "experiment")
+GROUP_NAMES = ("model", "precision", "objective", "correction", "rollout", "data", "benchmark", "logger", "experiment")
 
 
 def hydra_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -82,6 +82,28 @@ def check_group_options(argv: list[str]) -> None:
                 fail(
                     f"{o.key_or_group}={option} is not an option; valid {o.key_or_group} options: {', '.join(options)}"
                 )
+
+
+# Values that are strings in verl ("lower_upper") but numbers to Hydra and YAML when they hold one dot:
+# `0.5_2` reads as 0.52 and `2_0.5` as 20.5 (digit grouping), silently.
+THRESHOLD_KEYS = ("correction.rollout_is_threshold", "correction.rollout_rs_threshold")
+
+
+def check_threshold_strings(argv: list[str]) -> None:
+    """`correction.rollout_rs_threshold=0.5_2` -> one line asking for quotes: unquoted, Hydra reads it as 0.52."""
+    parsed = _parse_overrides(argv)
+    if parsed is None:
+        return
+    for o in parsed[0]:
+        if o.key_or_group not in THRESHOLD_KEYS or o.is_delete():
+            continue
+        raw = o.input_line.split("=", 1)[1]
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if "_" in raw and any(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            fail(
+                f"{o.key_or_group}: Hydra reads {raw} as a number (an underscore groups digits); "
+                f"quote a 'lower_upper' string for Hydra, inside the shell's quotes: \"{o.key_or_group}='{raw}'\""
+            )
 
 
 # A sweep over many config groups is checked on its first combinations only: each costs one composition.

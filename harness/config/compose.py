@@ -18,7 +18,7 @@ from typing import Any
 from harness.config.run import GROUPS
 from harness.objectives import FAMILIES
 
-DIRNAME_FIRST = ("objective", "precision", "seed", "model", "rollout", "data", "benchmark")
+DIRNAME_FIRST = ("objective", "correction", "precision", "seed", "model", "rollout", "data", "benchmark")
 
 
 def safe_dirname(overrides: str, job_num: int | str = 0, limit: int = 120) -> str:

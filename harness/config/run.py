@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harness.config import groups
-from harness.objectives import ObjectiveConfig, objective_config
+from harness.objectives import CorrectionConfig, ObjectiveConfig, objective_config
 from harness.preemption import SIGNALS
 from harness.schema import build
 
@@ -217,6 +217,7 @@ class RunConfig(_TopLevel):
     model: groups.ModelConfig
     precision: groups.PrecisionConfig
     objective: ObjectiveConfig
+    correction: CorrectionConfig
     rollout: groups.RolloutConfig
     data: groups.DataConfig
     benchmark: groups.BenchmarkConfig
@@ -229,6 +230,7 @@ class RunConfig(_TopLevel):
 GROUPS: dict[str, type] = {
     "model": groups.ModelConfig,
     "precision": groups.PrecisionConfig,
+    "correction": CorrectionConfig,
     "rollout": groups.RolloutConfig,
     "data": groups.DataConfig,
     "benchmark": groups.BenchmarkConfig,
@@ -290,6 +292,7 @@ def _check_combinations(run: RunConfig) -> None:
     if t.max_staleness and (clash := _async_clash(run)):
         raise ValueError(f"trainer.max_staleness: {t.max_staleness} cannot be combined with {clash}")
     _check_mismatch_models(run)
+    _check_correction(run)
     if run.model.path is None and run.model.name not in ("tiny", "tiny_moe"):
         raise ValueError(f"model.path: model '{run.model.name}' needs a hub id or local directory")
     _check_lengths(run)
@@ -341,6 +344,29 @@ def _check_mismatch_models(run: RunConfig) -> None:
         raise ValueError(
             f"rollout.mu: truncated gives -inf to top-K tokens outside the kept set, which {run.objective.name} "
             f"(objective.topk {run.objective.topk}) cannot take; use rollout.mu=full or a Binary objective"
+        )
+
+
+def _check_correction(run: RunConfig) -> None:
+    """The rollout correction composes with objectives anchored on pi_old, as verl composes it (objectives.md §2.10)."""
+    c, o = run.correction, run.objective
+    if not c.active:
+        return
+    if o.anchor != "old":
+        raise ValueError(
+            f"correction: {c.name} needs an objective anchored on pi_old (objective.anchor=old: minirl, "
+            f"dppo_recompute, icepop, ...); {o.name} has anchor=behavior, whose ratio already is pi/mu. "
+            "Use correction=none or objective.anchor=old"
+        )
+    if c.bypass_mode and o.family == "icepop":
+        raise ValueError(
+            f"correction.bypass_mode: {o.name} masks on k = pi_old/mu, which bypass (mu in pi_old's place) makes 1; "
+            "use bypass_mode=false, or correction=bypass_ppo_clip with objective=minirl"
+        )
+    if c.loss_type == "reinforce" and o.family != "pg":
+        raise ValueError(
+            f"correction.loss_type: reinforce is verl's -A w log pi, the surrogate of objective family pg (pg_is, "
+            f"pg_tis); {o.name} is family {o.family}. Use loss_type=ppo_clip or objective=pg_is"
         )
 
 

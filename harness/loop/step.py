@@ -2,7 +2,9 @@
 
 rollout (the engine's weights give mu; harness/loop/rollouts.py: in step, or ahead on a worker thread) -> reward
 (math-verify) and group advantages -> old_logp recompute (only for a trust region anchored on pi_old) -> the
-mini-batch updates (objective -> aggregate -> AdamW) -> weight sync (or a published copy) -> the step's metrics row.
+rollout correction in decoupled mode (IS weight and rejection from pi_old/mu, once per step) -> the mini-batch
+updates (objective -> [bypass-mode correction] -> aggregate -> AdamW) -> weight sync (or a published copy) -> the
+step's metrics row.
 
 Under torchrun every rank runs the same code on the whole step's batch (rank 0 rolls it out) and trains on every
 world-th row of each mini-batch; `Run.pg` makes that the identity with one process.
@@ -30,13 +32,14 @@ from harness.loop.tokens import token_rows
 from harness.moe import route_metrics
 from harness.objectives import Objective, ObjectiveOutput, aggregate, aggregate_denominator
 from harness.objectives.common import NonFiniteInputError
+from harness.objectives.correction import Correction, rollout_correction
 from harness.rewards import grade
 from harness.rollout.base import Rollout
 from harness.tasks.arith import Problem
 
 # The objective's inputs whose NaN/inf skips an update (counted, toward trainer.max_bad_steps): the model's and the
 # rollout engine's log-probs.
-_SKIPPED_INPUTS = frozenset({"logp", "behavior_logp", "old_logp", "topk_logp"})
+_SKIPPED_INPUTS = frozenset({"logp", "behavior_logp", "old_logp", "topk_logp", "is_logp"})
 
 
 class NonFiniteError(RuntimeError):
@@ -59,7 +62,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if run.cfg.rollout.behavior == "trainer":  # the no-mismatch reference: mu is the trainer's own pi
         batch = trainer_behavior(run, batch)
     old_logp = recompute_old_logp(run, batch)
-    update_metrics, updates = update_minibatches(run, step, batch, old_logp)
+    batch, corr = decoupled_correction(run, batch, old_logp)
+    update_metrics, updates = update_minibatches(run, step, batch, old_logp, corr)
     after_update(run, step)
     t_train = time.time() - t1
 
@@ -73,6 +77,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         **rollout_metrics(batch.mask, batch.behavior_logp, batch.topk_behavior_logp),
         **staleness_metrics(run, step, version),
         **update_metrics,
+        **({} if corr is None else {k: float(v) for k, v in corr.metrics.items()}),
         **run.clipped.metrics(run.pg),
         "optim/lr": run.optimizer.param_groups[0]["lr"],  # what AdamW used, which a resume sets from the config
         "optim/updates": float(updates),
@@ -102,9 +107,12 @@ def score(run: Run, problems: list[Problem], ro: Rollout) -> tuple[torch.Tensor,
 
 
 def recompute_old_logp(run: Run, batch: TrainBatch) -> torch.Tensor | None:
-    """pi_old over the whole batch before any update: only when the objective's trust region is anchored on it."""
+    """pi_old over the whole batch before any update: only when the objective's trust region is anchored on it.
+    A bypass-mode rollout correction puts mu in its place instead, without the forward (verl's apply_bypass_mode)."""
     if not run.objective.needs_old:
         return None
+    if run.cfg.correction.bypass_mode:
+        return batch.behavior_logp
     with torch.no_grad():
         lp = policy_logprobs(
             run.policy,
@@ -114,6 +122,20 @@ def recompute_old_logp(run: Run, batch: TrainBatch) -> torch.Tensor | None:
             replay_routes=run.cfg.rollout.router_replay,
         )
     return lp.logp
+
+
+def decoupled_correction(
+    run: Run, batch: TrainBatch, old_logp: torch.Tensor | None
+) -> tuple[TrainBatch, Correction | None]:
+    """The decoupled-mode rollout correction, once per step on lambda = log pi_old - log mu (pi_old does not move
+    within a step). As verl writes the rejection back into the response mask before the advantages, A is 0 on a
+    rejected token here; the mini-batches take the rejection out of their loss masks and denominators."""
+    cfg = run.cfg.correction
+    if not cfg.active or cfg.bypass_mode:
+        return batch, None
+    assert old_logp is not None  # validate(): a correction needs an objective anchored on pi_old
+    corr = rollout_correction(cfg, old_logp, batch.behavior_logp, batch.mask)
+    return dataclasses.replace(batch, advantages=batch.advantages * corr.keep), corr
 
 
 def trainer_behavior(run: Run, batch: TrainBatch) -> TrainBatch:
@@ -142,10 +164,11 @@ class MiniBatch:
     full_denominator: float  # what the whole mini-batch's loss is normalised by (every row, every rank)
     has_signal: bool  # this rank's rows carry a non-zero advantage
     any_signal: bool  # some rank's do
+    correction: Correction | None = None  # the decoupled-mode correction of these rows (weight, keep)
 
 
 def update_minibatches(
-    run: Run, step: int, batch: TrainBatch, old_logp: torch.Tensor | None
+    run: Run, step: int, batch: TrainBatch, old_logp: torch.Tensor | None, corr: Correction | None = None
 ) -> tuple[dict[str, float], int]:
     """The off-policy updates the trust region has to bound: one AdamW step per mini-batch. Returns the mean of the
     mini-batches' metrics and the number of updates applied.
@@ -153,7 +176,8 @@ def update_minibatches(
     Rows whose advantage is 0 everywhere carry no gradient for any objective: they are skipped, and the loss stays
     normalised by the full mini-batch, as if they had been there. The mismatch is read off the step's first
     forward (before any update); if no row had a signal, one gradient-free forward over the first mini-batch
-    measures it instead."""
+    measures it instead. Tokens a decoupled-mode correction rejected leave the denominators too (and a row with none
+    left, the seq-mean ones)."""
     cfg, t, pg = run.cfg, run.cfg.trainer, run.pg
     order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(cfg.seed + step))
     sample_tokens = run.tokens is not None and t.tokens_per_eval > 0
@@ -161,7 +185,7 @@ def update_minibatches(
     rows_metrics: list[dict[str, float]] = []
     updates = 0
     for rows in order.chunk(t.minibatches):
-        full_denominator = float(aggregate_denominator(batch.mask[rows], cfg.objective.agg))
+        full_denominator = minibatch_denominator(batch, corr, rows, cfg.objective.agg)
         rows = rows[pg.rank :: pg.world]  # the mini-batches are the same on every rank, their rows are split
         active = (batch.advantages[rows] != 0).any(1)
         has_signal = bool(active.any())
@@ -175,13 +199,25 @@ def update_minibatches(
             rows = rows[active]
         mb = batch.select(rows)
         mb_old = None if old_logp is None else old_logp[rows][:, : mb.mask.shape[1]]
+        mb_corr = None if corr is None else _rows_of(corr, rows, mb.mask.shape[1])
         m, applied, sampled = update(
-            run, step, MiniBatch(mb, mb_old, full_denominator, has_signal, any_signal), measuring, sample_tokens
+            run,
+            step,
+            MiniBatch(mb, mb_old, full_denominator, has_signal, any_signal, mb_corr),
+            measuring,
+            sample_tokens,
         )
         updates += applied
         sample_tokens = sample_tokens and not sampled
         rows_metrics.append(pg.mean_metrics(m))
     return _mean_of(rows_metrics), updates
+
+
+def minibatch_denominator(batch: TrainBatch, corr: Correction | None, rows: torch.Tensor, agg: str) -> float:
+    """What a whole mini-batch's loss is normalised by: `aggregate_denominator` of its rows' loss mask, from which a
+    decoupled-mode correction has taken the rejected tokens (and so a row with none left)."""
+    mask = batch.mask[rows] if corr is None else batch.mask[rows] * corr.keep[rows]
+    return float(aggregate_denominator(mask, agg))
 
 
 def update(
@@ -197,22 +233,70 @@ def update(
         m.update(route_metrics(run.policy))  # a mixture of experts: routes that differ from the engine's
     if not mb.any_signal:
         return m, False, False
-    out = objective_or_skip(run.objective, lp, b, mb.old_logp)
+    cmb = corrected(run, mb, lp)
+    out = objective_or_skip(run.objective, lp, cmb.batch, mb.old_logp, cmb.mask, cmb.is_logp)
     skip = run.pg.any(out is None)  # a NaN/inf from the model: nothing to learn from, on any rank (FSDP2 collectives)
     if skip or out is None:
         skip_update(run)
         m.update({"optim/loss": math.nan, "optim/grad_norm": math.nan})
         return m, False, False
-    sampled = record_update(run, step, mb, lp, out, sample_tokens)
-    loss = minibatch_loss(out.loss_mat, b.mask, cfg.objective.agg, run.horizon, mb.full_denominator, mb.has_signal)
+    if cmb.weight is not None:  # the IS weight multiplies the per-token loss (detached)
+        out = ObjectiveOutput(out.loss_mat * cmb.weight, out.metrics)
+    sampled = record_update(run, step, dataclasses.replace(mb, batch=cmb.batch), lp, out, sample_tokens)
+    loss = minibatch_loss(out.loss_mat, cmb.mask, cfg.objective.agg, run.horizon, cmb.full_denominator, mb.has_signal)
     if step in t.nan_at_steps:
         loss = loss * math.nan
     applied, loss, grad_norm = apply_update(run, loss)
     if mb.has_signal:
-        m.update({key: float(v) for key, v in out.metrics.items()})
+        m.update({key: float(v) for key, v in {**out.metrics, **cmb.metrics}.items()})
         m["mismatch/bad_update_frac"] = bad_update_frac(lp.logp.detach(), b, t.bad_update_gap)
     m.update({"optim/loss": float(loss), "optim/grad_norm": float(grad_norm)})
     return m, applied, sampled
+
+
+@dataclass(frozen=True)
+class Corrected:
+    """A mini-batch as the objective and the aggregation see it under the rollout correction."""
+
+    batch: TrainBatch  # A is 0 on rejected tokens (verl writes the rejection into the mask before the advantages)
+    mask: torch.Tensor  # the loss mask: response tokens the correction kept
+    weight: torch.Tensor | None  # the IS weight the loss is multiplied by; None when none is applied
+    is_logp: torch.Tensor | None  # what the objective's importance ratio is taken against instead of mu
+    full_denominator: float
+    metrics: dict[str, torch.Tensor]
+
+
+def corrected(run: Run, mb: MiniBatch, lp: LogProbOutput) -> Corrected:
+    """The rollout correction of this mini-batch (docs/objectives.md §2.10).
+
+    Decoupled: the step's correction (`decoupled_correction`); the weight stands in for pi_old/mu (1 without
+    rollout_is, as in verl's rejection-only presets), so the objective's importance ratio is taken against pi_old.
+    Bypass: lambda = log pi - log mu from this forward, no gradient; the objective already runs on pi/mu (mu is its
+    pi_old), so PPO-clip does not apply the weight (verl) and REINFORCE replaces the ratio by it (-A w log pi). The
+    token-mean denominator keeps the rejected tokens (verl's engine counted them before the loss rejected them); a
+    row with no token left leaves the seq-mean ones."""
+    cfg, b = run.cfg.correction, mb.batch
+    if mb.correction is not None:
+        c = mb.correction
+        return Corrected(b, b.mask * c.keep, c.weight, mb.old_logp, mb.full_denominator, {})
+    if not cfg.bypass_mode:
+        return Corrected(b, b.mask, None, None, mb.full_denominator, {})
+    c = rollout_correction(cfg, lp.logp.detach(), b.behavior_logp, b.mask)
+    weight = c.weight if cfg.applies_weight else None
+    full = mb.full_denominator
+    if run.cfg.objective.agg.startswith("seq-mean"):
+        # Rows without signal are not forwarded: as in one process, they count as kept.
+        gone = int((b.mask.any(-1) & ~c.keep.any(-1)).sum()) if mb.has_signal else 0
+        full = max(full - run.pg.all_sum(float(gone)), 1.0)
+    batch = dataclasses.replace(b, advantages=b.advantages * c.keep)
+    is_logp = lp.logp.detach() if weight is not None else None
+    return Corrected(batch, b.mask * c.keep, weight, is_logp, full, c.metrics)
+
+
+def _rows_of(c: Correction, rows: torch.Tensor, t: int) -> Correction:
+    """The correction of a mini-batch's rows, cut to its columns (TrainBatch.select)."""
+    weight = None if c.weight is None else c.weight[rows][:, :t]
+    return Correction(weight=weight, keep=c.keep[rows][:, :t], metrics={})
 
 
 def forward(run: Run, step: int, b: TrainBatch, with_grad: bool) -> LogProbOutput:
@@ -323,14 +407,19 @@ def nan_logits(policy: torch.nn.Module, on: bool) -> Iterator[None]:
 
 
 def objective_or_skip(
-    objective: Objective, lp: LogProbOutput, b: TrainBatch, old_logp: torch.Tensor | None
+    objective: Objective,
+    lp: LogProbOutput,
+    b: TrainBatch,
+    old_logp: torch.Tensor | None,
+    mask: torch.Tensor | None = None,
+    is_logp: torch.Tensor | None = None,
 ) -> ObjectiveOutput | None:
     """The objective on this rank's rows, or None when the model's or the engine's log-probs are NaN/inf where
     the response mask is on. The objective's own input check is the only one on the training path (one host sync
     per update); the entropy and the top-K log-probs come from the same logits as logp (harness.logprobs), so a
     NaN in them is a NaN in logp. Non-finite advantages or top-K mu alone are a bug upstream: the error stands."""
     try:
-        return objective(**objective_inputs(b, lp.logp, lp.topk_logp, old_logp))
+        return objective(**objective_inputs(b, lp.logp, lp.topk_logp, old_logp, mask=mask, is_logp=is_logp))
     except NonFiniteInputError as e:
         if e.counts.keys().isdisjoint(_SKIPPED_INPUTS):
             raise

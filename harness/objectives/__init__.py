@@ -9,6 +9,7 @@ loss = aggregate(out.loss_mat, mask, mode="seq-mean-token-sum-norm", horizon=max
 from harness.objectives.aggregate import AGG_MODES, aggregate, aggregate_denominator
 from harness.objectives.base import ObjectiveConfig
 from harness.objectives.common import ObjectiveOutput
+from harness.objectives.correction import Correction, CorrectionConfig, rollout_correction
 from harness.objectives.registry import (
     FAMILIES,
     OBJECTIVE_NAMES,
@@ -20,6 +21,8 @@ from harness.objectives.registry import (
 
 __all__ = [
     "AGG_MODES",
+    "Correction",
+    "CorrectionConfig",
     "FAMILIES",
     "OBJECTIVE_NAMES",
     "Objective",
@@ -30,4 +33,5 @@ __all__ = [
     "get_objective",
     "objective_config",
     "objective_from_config",
+    "rollout_correction",
 ]

@@ -47,6 +47,9 @@ class Batch:
     old_logp: Tensor | None
     topk_logp: Tensor | None
     topk_behavior_logp: Tensor | None
+    # What the importance ratio is taken against when it is not mu: a rollout correction's stand-in
+    # (harness.objectives.correction): pi_old in decoupled mode, sg(log pi) in bypass REINFORCE.
+    is_logp: Tensor | None = None
 
     def anchor_logp(self, anchor: str) -> Tensor:
         """The trust region's reference: the rollout engine's mu, or the trainer's recompute (ablations)."""
@@ -54,10 +57,17 @@ class Batch:
         assert out is not None  # prepare() guarantees old_logp when anchor == "old"
         return out
 
-    def log_ratio(self, anchor: str = "behavior") -> Tensor:
-        """log(pi/anchor), detached. The importance ratio is always rollout-anchored (SRL; DPPO Takeaway 2): only
-        a trust region's own test reads the config's anchor."""
-        return (self.logp.detach() - self.anchor_logp(anchor)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    @property
+    def ratio_logp(self) -> Tensor:
+        """The importance ratio's reference: mu (SRL; DPPO Takeaway 2), or a rollout correction's `is_logp`."""
+        return self.behavior_logp if self.is_logp is None else self.is_logp
+
+    def log_ratio(self, anchor: str | None = None) -> Tensor:
+        """log(pi/anchor), detached; anchor None: the importance ratio's reference (`ratio_logp`). The importance
+        ratio is rollout-anchored (SRL; DPPO Takeaway 2) unless a rollout correction owns the pi_old/mu part of
+        it: only a trust region's own test reads the config's anchor."""
+        ref = self.ratio_logp if anchor is None else self.anchor_logp(anchor)
+        return (self.logp.detach() - ref).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
     def ratio(self) -> Tensor:
         return torch.exp(self.log_ratio())
@@ -81,6 +91,7 @@ def prepare(
     old_logp: Tensor | None = None,
     topk_logp: Tensor | None = None,
     topk_behavior_logp: Tensor | None = None,
+    is_logp: Tensor | None = None,
     *,
     needs_old: bool,
     needs_topk: bool,
@@ -94,6 +105,7 @@ def prepare(
             raise ValueError(f"{objective}: {name} is required")
         _check_shape(name, t, shape, "logp")
     _check_shape("old_logp", old_logp, shape, "logp")
+    _check_shape("is_logp", is_logp, shape, "logp")
     if needs_old and old_logp is None:
         raise ValueError(f"{objective}: anchor=old needs old_logp (the trainer's recompute before the update)")
     if needs_topk:
@@ -111,6 +123,8 @@ def prepare(
     checks = [("logp", logp.detach()), ("behavior_logp", behavior_logp), ("advantages", advantages)]
     if old_logp is not None:
         checks.append(("old_logp", old_logp))
+    if is_logp is not None:
+        checks.append(("is_logp", is_logp.detach()))
     counts = torch.stack([(~torch.isfinite(t) & m).sum() for _, t in checks])
     if needs_topk:
         mk = m.unsqueeze(-1)
@@ -141,6 +155,7 @@ def prepare(
         old_logp=clean(old_logp),
         topk_logp=clean_k(topk_logp) if needs_topk else None,
         topk_behavior_logp=clean_k(topk_behavior_logp) if needs_topk else None,
+        is_logp=clean(None if is_logp is None else is_logp.detach()),
     )
 
 
@@ -174,7 +189,8 @@ def trust_region_metrics(
         n_signal = signal.sum().clamp(min=1)
         log_r = b.log_ratio()
         r = torch.exp(log_r)
-        k3 = torch.expm1(log_r) - log_r  # unbiased, non-negative estimator of KL(mu || pi) from samples of mu
+        log_r_mu = log_r if b.is_logp is None else b.log_ratio("behavior")
+        k3 = torch.expm1(log_r_mu) - log_r_mu  # unbiased, non-negative estimator of KL(mu || pi) from samples of mu
         out = {
             "objective/masked_frac_pos": (dropped & signal & (a > 0)).sum() / n_signal,
             "objective/masked_frac_neg": (dropped & signal & (a < 0)).sum() / n_signal,

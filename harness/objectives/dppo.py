@@ -195,7 +195,7 @@ def cppo(*, cfg: CPPOConfig, **tensors: Tensor | None) -> ObjectiveOutput:
     dropped, c, d, budget = cppo_mask(b, cfg, tensors)
     a = b.advantages
     coef = torch.where(dropped, torch.zeros((), dtype=a.dtype, device=a.device), a * b.ratio().clamp(max=cfg.is_cap))
-    flows = (b.logp.detach() - b.behavior_logp).abs() <= LOG_RATIO_CLAMP
+    flows = (b.logp.detach() - b.ratio_logp).abs() <= LOG_RATIO_CLAMP
     metrics = trust_region_metrics(b, dropped, is_cap=cfg.is_cap)
     with torch.no_grad():
         m = b.mask

@@ -86,7 +86,7 @@ def _regularized(
     a = b.advantages
     r_capped = torch.clamp(b.ratio(), max=cfg.is_cap)
     carrier = b.grad_carrier()  # value 1, gradient grad(log pi)
-    inside = (b.logp.detach() - b.behavior_logp).abs() <= LOG_RATIO_CLAMP  # torch.clamp passes gradient at the bound
+    inside = (b.logp.detach() - b.ratio_logp).abs() <= LOG_RATIO_CLAMP  # torch.clamp passes gradient at the bound
     if zero_beyond_clamp:
         carrier = torch.where(inside, carrier, torch.ones((), dtype=carrier.dtype, device=carrier.device))
     surrogate = r_capped * a * carrier  # value min(r, C) * A, gradient min(r, C) * A * grad(log pi) (0 past clamp)

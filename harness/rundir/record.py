@@ -36,8 +36,9 @@ FREE = (
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{dotted key: (old, new)} of every key that differs, the free ones left out. A key the old config lacks whose
     new value is off (null or empty: a switch added since, such as trainer.save_batches) is no difference: new
-    settings default to what runs did before them, so a run made before one was added is still that setting."""
-    a, b = _flat(old), _flat(new)
+    settings default to what runs did before them, so a run made before one was added is still that setting. A
+    whole group the old config lacks (`_added_groups`) is read as its defaults, for the same reason."""
+    a, b = _flat({**_added_groups(old, new), **old}), _flat(new)
     keys = sorted(set(a) | set(b))
     return {
         k: (a.get(k), b.get(k))
@@ -46,6 +47,16 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any
         and not any(k == f or k.startswith(f"{f}.") for f in FREE)
         and not (k not in a and _norm(b[k]) in (None, [], {}))
     }
+
+
+def _added_groups(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of each group added since runs began recording their config, for a record made before it."""
+    import dataclasses
+
+    from harness.objectives.correction import CorrectionConfig  # the correction axis: none by default
+
+    added = {"correction": CorrectionConfig}
+    return {g: dataclasses.asdict(schema()) for g, schema in added.items() if g not in old and g in new}
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
