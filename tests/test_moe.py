@@ -206,6 +206,7 @@ def test_the_training_steps_forwards_replay_when_the_run_asks() -> None:
         want = packed_logp(model, given, replay)[m]
         cfg = SimpleNamespace(
             rollout=SimpleNamespace(router_replay=replay, temperature=1.0),
+            correction=SimpleNamespace(bypass_mode=False),
             trainer=SimpleNamespace(nan_logits_at_steps=()),
         )
         run = SimpleNamespace(
