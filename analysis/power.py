@@ -75,9 +75,11 @@ def power(
     toward: str = REPRODUCED,
     experiments: int = 4000,
     seed: int = 0,
+    confidence: float = 0.95,
 ) -> Power:
     """The probability that a comparison of `seeds` seeds per arm (n, or (n_a, n_b)) reaches the verdict `toward`
-    under `rule`, arm A drawn from `a`, arm B from `b` (a number: a part against that constant)."""
+    under `rule`, arm A drawn from `a`, arm B from `b` (a number: a part against that constant). `confidence`: the
+    interval's level, 1 - 0.05 / k for a part that Holm tests first among k."""
     if toward not in (REPRODUCED, SMALLER, OPPOSITE):
         raise ValueError(f"toward: {toward!r} is not one of {REPRODUCED!r}, {SMALLER!r}, {OPPOSITE!r}")
     n_a, n_b = (seeds, seeds) if isinstance(seeds, int) else seeds
@@ -91,9 +93,9 @@ def power(
     xb = np.full((experiments, n_b), float(b)) if constant else b(rng, (experiments, n_b))
     fn, _ = interval_function(rule.statistic, b_constant=constant)
     if rule.statistic == "rate":  # Newcombe's interval takes one experiment at a time
-        lo, hi = np.array([fn(x, y)[1:] for x, y in zip(xa, xb, strict=True)]).T
+        lo, hi = np.array([fn(x, y, confidence)[1:] for x, y in zip(xa, xb, strict=True)]).T
     else:
-        _, lo, hi = fn(xa, xb)
+        _, lo, hi = fn(xa, xb, confidence=confidence)
     hits = sum(decide(x, y, rule, (n_a, n_b))[0] == toward for x, y in zip(lo, hi, strict=True))
     p = hits / experiments
     return Power((n_a, n_b), p, math.sqrt(p * (1 - p) / experiments))
@@ -108,6 +110,7 @@ def seeds_for_power(
     experiments: int = 4000,
     seed: int = 0,
     n_max: int = 64,
+    confidence: float = 0.95,
 ) -> SeedPlan:
     """Seeds per arm (equal arms) for the rule to reach `toward` with probability `target`, by simulation at
     n = rule.min_seeds, min_seeds + 1, ... up to n_max (every n, in order: a Clopper-Pearson interval's power is
@@ -116,7 +119,7 @@ def seeds_for_power(
     se: dict[int, float] = {}
     first = low = high = None
     for n in range(rule.min_seeds, n_max + 1):
-        est = power(a, b, n, rule, toward, experiments, seed + n)
+        est = power(a, b, n, rule, toward, experiments, seed + n, confidence)
         curve[n], se[n] = est.power, est.se
         if low is None and est.power + 2 * est.se >= target:
             low = n

@@ -45,6 +45,21 @@ A claim's parts are one family: each part's p-value (the smallest level at which
 of the verdict it reached) is Holm-adjusted over the claim's parts, a part whose adjusted p is 0.05 or more becomes
 inconclusive, and the claim gets a one-word summary only where its adjusted parts agree (`summarize`).
 
+Multiplicity, recommended for a suite (Holm within a claim is what `summarize` does; the rest is for the suite file
+to state before its runs):
+- Within a claim, its parts are one family: Holm over the parts' p-values, familywise error <= 5% per claim.
+- Across claims: one primary part per claim, named in the suite file before any run (the part that says what the
+  paper says, on its primary endpoint). The primary parts of all claims are a second family, Holm over the claims,
+  so that the chance of any false "reproduced" or "opposite" among the suite's headline verdicts is at most 5%
+  whatever the number of claims; a claim's summary word is reported with both adjusted p-values. Seeds are planned
+  for that: Holm's first step tests each of k primary parts at 0.05 / k (`analysis.power.seeds_for_power` with
+  `confidence=1 - 0.05 / k`), and a claim whose primary part cannot reach 80% power there is cut, not run short.
+- Secondary endpoints (break rate, the mechanism's measures, a second metric) are Holm-adjusted within their claim
+  and reported beside the primary verdict; they never turn an inconclusive primary part into a verdict, and their
+  error is controlled per claim, not jointly with the headline family.
+- Anything chosen after seeing runs (a threshold, a subgroup, an arm added) is descriptive: no verdict word.
+- Replications on new seeds are separate experiments, decided on their own seeds, never pooled.
+
 `replication_seeds` turns an inconclusive comparison into a planning number: the seeds per arm a fresh replication
 would need to reach a verdict, were the true effect and spread what these seeds measured. It is a pilot's
 sample-size estimate, not a verdict.

@@ -34,6 +34,19 @@ def test_welch_seeds_match_the_two_sample_formula():
     assert abs(plan.curve[10] - exact(10)) < 3 * np.sqrt(exact(10) * (1 - exact(10)) / 20_000)
 
 
+def test_seeds_at_a_holm_level():
+    """The same arms, planned as the first of 4 primary parts under Holm: tested at 0.05 / 4, its interval at 98.75%.
+    The noncentral t with the 1 - 0.00625 quantile: 0.780 at 23, 0.802 at 24, so 24 seeds (7 more than at 5%)."""
+
+    def exact(n: int) -> float:
+        return stats.nct.sf(stats.t.ppf(1 - 0.05 / 8, 2 * n - 2), 2 * n - 2, 1 / np.sqrt(2 / n))
+
+    assert exact(23) < 0.8 <= exact(24)
+    rule = Rule("greater_by", margin=0.02)
+    plan = seeds_for_power(normal(0.30, 0.03), normal(0.25, 0.03), rule, experiments=20_000, confidence=1 - 0.05 / 4)
+    assert plan.seeds == 24 and plan.seeds_range[0] <= 24 <= plan.seeds_range[1]
+
+
 def test_superiority_seeds_match_the_binomial():
     """A part against a constant c with P(A > c) = 0.85, `greater_by` 0.1 under `superiority`: P_hat is then exactly
     a binomial proportion, the verdict comes when the Clopper-Pearson lower bound of x successes in n clears 0.6, and
