@@ -846,3 +846,29 @@ def test_the_superiority_statistic_by_hand():
     assert replication_seeds([1, 2, 3], [0, 0, 0], rule, toward=OPPOSITE) is None  # the effect lies the other way
     with pytest.raises(ValueError, match="unreachable"):
         Rule("greater_by", margin=0.5, statistic="superiority")
+
+
+def test_a_superiority_part_in_a_report(tmp_path):
+    """A suite part with `statistic: superiority`: 8 seeds of a all above 8 of b, P_hat = 1, effect +0.5 with the
+    Clopper-Pearson bound 0.025^(1/8) - 1/2 = 0.131 > 0.1: reproduced; the report names the statistic and says
+    what its margin means. A report without such a part (v7's) has no such sentence."""
+    seeds = list(range(8))
+    for arm, base in (("a", 0.30), ("b", 0.20)):
+        for seed in seeds:
+            write_run(tmp_path / "runs" / arm / f"seed{seed}", [0.5] * 8, base + 0.001 * seed)
+    rule = {"kind": "greater_by", "margin": 0.1, "statistic": "superiority"}
+    doc = {
+        "base": ["rollout=hf"], "seeds": seeds, "arms": {"a": ["objective=dppo"], "b": ["objective=pg_is"]},
+        "claims": [{"id": 1, "claim": "a beats b", "paper": "Fig. 1",
+                    "parts": [{"a": "a", "b": "b", "metric": "final_eval", "rule": rule}]}],
+    }  # fmt: skip
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(doc))
+    one = report(tmp_path / "suite.yaml")["by_id"][1]
+    assert one["verdict"] == REPRODUCED and one["effect"] == 0.5
+    assert one["ci_low"] == pytest.approx(0.025 ** (1 / 8) - 0.5)
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert "- a vs b on `final_eval` P(A>B) - 1/2 (greater_by, margin 0.1):" in md
+    assert "0.1: A beats B in more than 60% of seed pairs" in md
+    plain = make_suite(tmp_path / "plain", {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    report(plain)
+    assert "statistic: superiority" not in (tmp_path / "plain" / "FINDINGS.md").read_text()
