@@ -26,7 +26,9 @@ Statistics (`Rule.statistic`), chosen for intervals that cover at the few seeds 
   boundary and at the fitted means (tests/test_coverage.py); the Brunner-Munzel t interval (the same estimate, its
   variance estimated from the seeds) lies wholly above a true P of 0.6 up to 5.9% of the time and collapses to a
   point where every A lies below every B. It says which arm tends to score higher, not by how much: report the
-  means beside it.
+  means beside it. Few seeds cannot reach a verdict at all: with every A above every B the lower bound is
+  0.025^(1/n), above 1/2 only from n = 6 seeds per arm and above 0.6 (a 0.1 margin) only from n = 8 (8 and 10 at
+  Holm's 0.05 / 4).
 - `rate`: for a 0/1 metric (did the run break?): the difference of the two arms' rates and Newcombe's hybrid score
   interval (Newcombe 1998, method 10, from scipy's Wilson intervals of each rate). Break rate is its own endpoint,
   never folded into another part's verdict.
