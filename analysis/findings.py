@@ -324,7 +324,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         "runs, are Holm-adjusted over a claim's parts: *reproduced*, *opposite* (a significant effect the other "
         "way), *smaller than claimed* (an effect as large as the margin excluded, said only with 8 or more seeds "
         "per arm), *inconclusive*, *not testable here* (no positive control for the mechanism at this condition: "
-        "see findings/map/MAP.md). A claim's one-word summary is given only where its parts agree.",
+        "see findings/map/MAP.md). A claim's one-word summary is given only where its parts agree."
+        + _superiority_note(doc),
         "",
         "| claim | part | condition | effect [95% CI] | seeds | verdict | claim |",
         "|---|---|---|---|---|---|---|",
@@ -357,7 +358,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         for p in e["parts"]:
             b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
             lines.append(
-                f"- {p['a']} vs {b} on `{p['metric']}`{' rate' if p['rule'].get('statistic') == 'rate' else ''} "
+                f"- {p['a']} vs {b} on `{p['metric']}`{_STATISTIC_LABEL.get(p['rule'].get('statistic'), '')} "
                 f"({p['rule']['kind']}, margin {p['rule'].get('margin', 0)}): "
                 f"effect {_fmt(p['effect'])}, {p['why']} ({p['method']}), P(A>B) {_fmt(p['prob_a_better'], 2)}, "
                 f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict_alone']} alone, Holm p {_fmt(p['p_holm'], 2)}"
@@ -374,6 +375,21 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
         lines.append("")
     return "\n".join(lines)
+
+
+_STATISTIC_LABEL = {"rate": " rate", "superiority": " P(A>B) - 1/2"}
+
+
+def _superiority_note(doc: dict[str, Any]) -> str:
+    """A sentence for a report with `statistic: superiority` parts (none in v7's, whose report stays as it was)."""
+    parts = [p for e in doc["claims"] for p in e.get("parts", [])]
+    if not any(p["rule"].get("statistic") == "superiority" for p in parts):
+        return ""
+    return (
+        " Where the rule says `statistic: superiority`, the effect is P(A > B) + P(A = B)/2 - 1/2 over pairs of seeds "
+        "(0: neither arm tends to score higher) with the Clopper-Pearson interval of P(A > B) as a proportion of "
+        "min(n_A, n_B) trials, and the margin is on that scale (0.1: A beats B in more than 60% of seed pairs)."
+    )
 
 
 def _provenance(doc: dict[str, Any]) -> str:

@@ -9,8 +9,29 @@ Statistics (`Rule.statistic`), chosen for intervals that cover at the few seeds 
   distribution-free order-statistic interval of the median (one arm's runs, breaks and all, are far from normal). The
   percentile bootstrap of suites v1-v6 covered ~80% at 3 vs 3 seeds and ~91% at 8 vs 8; Welch's covers >= 93%
   on normal data and on a mixture with the suite's break rate.
+  Welch's interval does not hold on the shapes this testbed makes (analysis/arm_shapes.py): an arm that breaks in
+  20% of its runs to ~0 shows no break in 6 seeds a quarter of the time, its interval is then narrow around the
+  unbroken runs, and against a tight arm (s.d. 0.007) it lies wholly above the true difference 7.6-9.2% of the
+  time at 5-8 seeds (coverage 0.90-0.91); for the map's PG-IS shape (1 break in 8 from a body at 0.28) 15-28%.
+- `superiority`: the effect is P(A > B) + P(A = B)/2 - 1/2 for a seed of A and a seed of B (0: neither arm tends
+  to score higher; +1/2: every seed of A above every seed of B), with the Clopper-Pearson interval of P_hat as a
+  binomial proportion of min(n_a, n_b) trials, the largest spread P_hat can have (`superiority_interval`). The
+  margin is on the same scale and `decide` reads the interval as for any other statistic: `greater_by` with margin
+  0.1 is reproduced when the interval lies above 0.1 (A beats B in more than 60% of seed pairs), opposite below 0,
+  smaller than claimed below 0.1; `noninferior` with margin 0.1 is reproduced above -0.1 (A loses to B in fewer
+  than 60% of pairs); `equivalent` with margin 0.1 inside ±0.1. A margin must be below 1/2. A break counts as a low
+  score: a breaking arm loses pairs instead of widening a spread. Against a constant c the effect is
+  P(A > c) + P(A = c)/2 - 1/2, the interval the same on A's seeds (there P_hat is exactly binomial). On every
+  shape and seed pair tested it covers >= 97% with <= 1.4% wholly on one side of the truth, at each verdict
+  boundary and at the fitted means (tests/test_coverage.py); the Brunner-Munzel t interval (the same estimate, its
+  variance estimated from the seeds) lies wholly above a true P of 0.6 up to 5.9% of the time and collapses to a
+  point where every A lies below every B. It says which arm tends to score higher, not by how much: report the
+  means beside it. Few seeds cannot reach a verdict at all: with every A above every B the lower bound is
+  0.025^(1/n), above 1/2 only from n = 6 seeds per arm and above 0.6 (a 0.1 margin) only from n = 8 (8 and 10 at
+  Holm's 0.05 / 4).
 - `rate`: for a 0/1 metric (did the run break?): the difference of the two arms' rates and Newcombe's hybrid score
-  interval (Newcombe 1998, method 10, from scipy's Wilson intervals of each rate).
+  interval (Newcombe 1998, method 10, from scipy's Wilson intervals of each rate). Break rate is its own endpoint,
+  never folded into another part's verdict.
 
 Verdicts, per part (`decide`):
 - *reproduced*: the interval lies beyond the claim's boundary (above `margin` for `greater`/`greater_by`, inside
@@ -26,6 +47,21 @@ A claim's parts are one family: each part's p-value (the smallest level at which
 of the verdict it reached) is Holm-adjusted over the claim's parts, a part whose adjusted p is 0.05 or more becomes
 inconclusive, and the claim gets a one-word summary only where its adjusted parts agree (`summarize`).
 
+Multiplicity, recommended for a suite (Holm within a claim is what `summarize` does; the rest is for the suite file
+to state before its runs):
+- Within a claim, its parts are one family: Holm over the parts' p-values, familywise error <= 5% per claim.
+- Across claims: one primary part per claim, named in the suite file before any run (the part that says what the
+  paper says, on its primary endpoint). The primary parts of all claims are a second family, Holm over the claims,
+  so that the chance of any false "reproduced" or "opposite" among the suite's headline verdicts is at most 5%
+  whatever the number of claims; a claim's summary word is reported with both adjusted p-values. Seeds are planned
+  for that: Holm's first step tests each of k primary parts at 0.05 / k (`analysis.power.seeds_for_power` with
+  `confidence=1 - 0.05 / k`), and a claim whose primary part cannot reach 80% power there is cut, not run short.
+- Secondary endpoints (break rate, the mechanism's measures, a second metric) are Holm-adjusted within their claim
+  and reported beside the primary verdict; they never turn an inconclusive primary part into a verdict, and their
+  error is controlled per claim, not jointly with the headline family.
+- Anything chosen after seeing runs (a threshold, a subgroup, an arm added) is descriptive: no verdict word.
+- Replications on new seeds are separate experiments, decided on their own seeds, never pooled.
+
 `replication_seeds` turns an inconclusive comparison into a planning number: the seeds per arm a fresh replication
 would need to reach a verdict, were the true effect and spread what these seeds measured. It is a pilot's
 sample-size estimate, not a verdict.
@@ -40,14 +76,14 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
+from scipy import optimize, stats
 
 REPRODUCED, OPPOSITE, SMALLER = "reproduced", "opposite", "smaller than claimed"
 INCONCLUSIVE, NOT_TESTABLE = "inconclusive", "not testable here"
 VERDICTS = (REPRODUCED, OPPOSITE, SMALLER, INCONCLUSIVE, NOT_TESTABLE)
 MIXED = "parts differ"  # a claim's summary when its parts' verdicts do not agree
 RULE_KINDS = ("greater", "less", "greater_by", "less_by", "equivalent", "noninferior")
-STATISTICS = ("mean", "rate")
+STATISTICS = ("mean", "rate", "superiority")
 SMALLER_MIN_SEEDS = 8  # "smaller than claimed" needs this many finished seeds in each arm
 ALPHA = 0.05
 
@@ -66,13 +102,17 @@ class Rule:
             raise ValueError(f"rule.statistic: {self.statistic!r} is not one of {', '.join(STATISTICS)}")
         if not (isinstance(self.margin, int | float) and self.margin >= 0 and np.isfinite(self.margin)):
             raise ValueError(f"rule.margin: must be a finite number >= 0, got {self.margin!r}")
+        if self.statistic == "superiority" and self.margin >= 0.5:
+            raise ValueError(
+                f"rule.margin: P(A>B) - 1/2 lies in [-0.5, 0.5]; a margin of {self.margin!r} is unreachable"
+            )
         if not isinstance(self.min_seeds, int) or self.min_seeds < 2:  # one seed has no spread
             raise ValueError(f"rule.min_seeds: must be a whole number >= 2, got {self.min_seeds!r}")
 
 
 @dataclass(frozen=True)
 class Comparison:
-    effect: float  # mean(A) - mean(B), or rate(A) - rate(B) under the `rate` statistic
+    effect: float  # mean(A) - mean(B); rate(A) - rate(B) under `rate`; P(A>B) + P(A=B)/2 - 1/2 under `superiority`
     ci_low: float
     ci_high: float
     prob_a_better: float  # P(A > B) over pairs of seeds
@@ -149,10 +189,50 @@ def rate_difference_interval(
     return float(p - q), float(lo), float(hi)
 
 
+def superiority_interval(a: ArrayLike, b: ArrayLike, confidence: float = 0.95) -> tuple[Any, Any, Any]:
+    """(P(A > B) + P(A = B)/2 - 1/2, lower, upper) over the last axis, for seeds A from `a` and B from `b`.
+
+    The estimate P_hat is Mann-Whitney's U / (n_a n_b) (the Brunner-Munzel estimate). Its interval is the
+    Clopper-Pearson interval of x = n P_hat successes in n = min(n_a, n_b) trials (beta quantiles, which
+    interpolate for a fractional x): P_hat is treated as a binomial proportion of n trials. No two distributions
+    with a given P give P_hat a larger variance than that binomial's, P (1 - P) / n (van Dantzig 1951; Birnbaum and
+    Klose 1957), and it is reached when one arm is a point against the other: this testbed's tight trust-region arms
+    (s.d. 0.007) against arms that break to ~0 are close to it. The Brunner-Munzel t interval, which estimates the
+    variance from the seeds, lies wholly above a true P of 0.6 up to 5.9% of the time at 5-16 seeds and collapses to
+    a point when every A lies below every B; Wilson's score interval at the same bound (with a t quantile) still
+    misses on one side 5-7% of the time where P is near 0 or 1 (tests/test_coverage.py). This interval depends on
+    the seeds only through P_hat and n, stays inside [0, 1], and is conservative where both arms spread.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = min(a.shape[-1], b.shape[-1])
+    p = 0.5 + 0.5 * np.sign(a[..., :, None] - b[..., None, :]).mean(axis=(-2, -1))  # ties count 1/2
+    lo, hi = _clopper_pearson(p * n, n, confidence)
+    return _out(p - 0.5, lo - 0.5, hi - 0.5)
+
+
+def _clopper_pearson(x: np.ndarray, n: int, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """The Clopper-Pearson interval of x successes (a real number in [0, n]) in n trials."""
+    tail = (1 - confidence) / 2
+    x = np.asarray(x, dtype=float)
+    tiny = 1e-12  # beta's shape parameters must be positive; the bound itself is 0 or 1 there
+    lo = np.where(x > 0, stats.beta.ppf(tail, np.maximum(x, tiny), n - x + 1), 0.0)
+    hi = np.where(x < n, stats.beta.ppf(1 - tail, x + 1, np.maximum(n - x, tiny)), 1.0)
+    return lo, hi
+
+
 def interval_function(statistic: str, b_constant: bool) -> tuple[Callable[..., tuple[float, float, float]], str]:
     """The interval of a rule's statistic, and its name for the report."""
     if statistic == "rate":
         return rate_difference_interval, "Newcombe hybrid score"
+    if statistic == "superiority":
+        name = "P(A>B) - 1/2, Clopper-Pearson at min(n) trials"
+        if b_constant:  # P(A > c): a proportion of A's seeds, n = A's seeds
+            return (
+                lambda a, b, confidence=0.95: superiority_interval(
+                    a, np.full(np.shape(a), float(np.ravel(b)[0])), confidence
+                )
+            ), name
+        return superiority_interval, name
     if b_constant:
         return (
             lambda a, b, confidence=0.95: median_minus_constant_interval(a, float(np.ravel(b)[0]), confidence)
@@ -251,7 +331,9 @@ def compare(a: Sequence[float] | None, b: Sequence[float] | float | None, rule: 
     if min(seeds) < rule.min_seeds:
         why = f"needs {rule.min_seeds} finished seeds per arm, has {seeds[0]} and {seeds[1]}"
         nan = math.nan
-        effect = float(np.mean(a_ok) - np.mean(b_ok)) if min(seeds) > 0 else nan
+        effect = nan
+        if min(seeds) > 0:
+            effect = fn(a_ok, b_ok)[0] if rule.statistic == "superiority" else float(np.mean(a_ok) - np.mean(b_ok))
         return Comparison(effect, nan, nan, nan, seeds, INCONCLUSIVE, why, 1.0, method)
     effect, lo, hi = fn(a_ok, b_ok)
     verdict, why = decide(lo, hi, rule, seeds)
@@ -285,14 +367,25 @@ def replication_seeds(
     """Seeds per arm for a replication's 95% interval to clear the boundary of `rule` that gives the verdict
     `toward` (REPRODUCED, SMALLER or OPPOSITE) with probability `power`, if the true effect were mean(a) - mean(b)
     and the per-seed spread these seeds' (normal approximation: the standard two-sample size formula). None when the
-    measured effect lies short of that boundary, or the rule has no such verdict."""
+    measured effect lies short of that boundary, or the rule has no such verdict.
+
+    Under `superiority` the effect is the measured P(A>B) - 1/2 and the interval the rule's, which depends on the
+    seeds only through P_hat and n: at n seeds per arm the verdict comes when P_hat passes a threshold T(n) (where
+    the Clopper-Pearson bound meets the boundary), and the seeds are the smallest n with
+    |P - T(n)| >= z_power s / sqrt(n), s^2 the two arms' per-seed placement variances var_j(P(a_j > B)) +
+    var_k(P(A > b_k)) (normal approximation; analysis/power.py simulates it instead)."""
     if toward not in (REPRODUCED, SMALLER, OPPOSITE):
         raise ValueError(f"toward: {toward!r} is not one of {REPRODUCED!r}, {SMALLER!r}, {OPPOSITE!r}")
     a_ok = np.asarray([v for v in a if np.isfinite(v)], dtype=float)
     b_ok = np.asarray([v for v in b if np.isfinite(v)], dtype=float)
     if min(len(a_ok), len(b_ok)) < 2:
         return None
-    effect, m = float(a_ok.mean() - b_ok.mean()), rule.margin
+    superiority = rule.statistic == "superiority"
+    if superiority:
+        effect = float(superiority_interval(a_ok, b_ok)[0])
+    else:
+        effect = float(a_ok.mean() - b_ok.mean())
+    m = rule.margin
     sign = -1.0 if rule.kind in ("less", "less_by") else 1.0
     e = sign * effect
     by = rule.kind.endswith("_by")
@@ -305,7 +398,44 @@ def replication_seeds(
         distance = {REPRODUCED: e - m, OPPOSITE: -e - (0.0 if by else m), SMALLER: (m - e) if by else -1.0}[toward]
     if distance <= 0:
         return None
+    if superiority:
+        # Which side of the boundary the interval must lie on: +1 above it (its lower bound clears it), -1 below.
+        up = sign * {REPRODUCED: 1.0, OPPOSITE: -1.0, SMALLER: -1.0}[toward]
+        if rule.kind == "equivalent":
+            up = (-1.0 if toward == REPRODUCED else 1.0) * (1.0 if effect >= 0 else -1.0)
+        elif rule.kind == "noninferior":
+            up = 1.0 if toward == REPRODUCED else -1.0
+        need = _superiority_seeds(a_ok, b_ok, effect - up * distance, up, power)
+        if need is None:
+            return None
+        need = max(rule.min_seeds, need)
+        return max(need, SMALLER_MIN_SEEDS) if toward == SMALLER else need
     variance = float(np.var(a_ok, ddof=1) + (np.var(b_ok, ddof=1) if np.ptp(b_ok) > 0 else 0.0))
     z = stats.norm.ppf(0.975) + stats.norm.ppf(power)
     need = max(rule.min_seeds, math.ceil(z**2 * variance / distance**2))
     return max(need, SMALLER_MIN_SEEDS) if toward == SMALLER else need
+
+
+def _superiority_seeds(a: np.ndarray, b: np.ndarray, boundary: float, up: float, power: float) -> int | None:
+    """The smallest n per arm (up to 10,000) at which the superiority interval lies wholly above (`up` = 1) or below
+    (-1) `boundary` (in P - 1/2 units) with probability `power`, were P and the placements' spread these seeds'."""
+    gt = 0.5 + 0.5 * np.sign(a[:, None] - b[None, :])
+    spread = math.sqrt(float(np.var(gt.mean(axis=1), ddof=1) + np.var(gt.mean(axis=0), ddof=1)))
+    # Mirrored so that the interval's lower bound has to clear the boundary: hi(x, n) = 1 - lo(n - x, n).
+    p = 0.5 + up * float(gt.mean() - 0.5)
+    p_b = 0.5 + up * boundary
+    z = stats.norm.ppf(power)
+
+    def meets(n: int) -> bool:
+        if _clopper_pearson(n, n, 0.95)[0] <= p_b:  # not even P_hat = 1 clears it
+            return False
+        x = optimize.brentq(lambda x: _clopper_pearson(x, n, 0.95)[0] - p_b, 1e-9, n)
+        return p - x / n >= z * spread / math.sqrt(n)
+
+    if not meets(10_000):
+        return None
+    lo, hi = 1, 10_000  # meets(hi) holds; the criterion grows with n, so bisect
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    return hi

@@ -812,3 +812,63 @@ def test_a_setting_added_since_a_run_at_its_off_value_leaves_the_run_current():
     # resume, at any value (it changes what is watched, not what is trained).
     assert differences(made, {"trainer": {"lr": 1e-4, "bad_update_gap": 0.5}}) == {}
     assert differences({"trainer": {"bad_update_gap": 0.5}}, {"trainer": {"bad_update_gap": 0.3}}) == {}
+
+
+def test_the_superiority_statistic_by_hand():
+    """P(A > B) + P(A = B)/2 - 1/2 with the Clopper-Pearson interval of n P_hat successes in n = min(n_a, n_b)."""
+    from scipy import stats
+
+    from analysis.verdicts import replication_seeds, superiority_interval
+
+    # Every A above every B at 6 seeds: P_hat = 1, x = 6 of 6, lower bound 0.025^(1/6) = 0.5407 (the exact binomial
+    # bound), so the interval of the effect is [0.0407, 0.5].
+    effect, lo, hi = superiority_interval([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, -1])
+    assert (effect, hi) == (0.5, 0.5) and lo == pytest.approx(0.025 ** (1 / 6) - 0.5)
+    # Ties count 1/2: [0, 1] against [0, 0] wins 2 pairs and ties 2 of 4, P_hat = 3/4, x = 1.5 of n = 2.
+    assert superiority_interval([0, 1], [0, 0])[0] == 0.25
+    # Against a constant: P(A > c), here 3 of 6, exactly the binomial interval of 3 in 6 (scipy's Clopper-Pearson).
+    ci = stats.binomtest(3, 6).proportion_ci()
+    c = compare([1, 2, 3, 0, 0, 0], 0.5, Rule("greater", statistic="superiority"))
+    assert (c.effect, c.ci_low, c.ci_high) == pytest.approx((0.0, ci.low - 0.5, ci.high - 0.5))
+    # Unequal arms: n = min(8, 5) = 5; every A above every B gives 0.025^(1/5) = 0.478 < 0.5 + 0.1: inconclusive
+    # at 5 seeds, reproduced at 8 vs 8 (0.025^(1/8) = 0.631 > 0.6). The margin is on P: greater_by 0.1 = P > 0.6.
+    rule = Rule("greater_by", margin=0.1, statistic="superiority")
+    assert compare(list(range(10, 18)), [0, 1, 2, 3, 4], rule).verdict == INCONCLUSIVE
+    eight = compare(list(range(10, 18)), list(range(8)), rule)
+    assert eight.verdict == REPRODUCED and eight.ci_low == pytest.approx(0.025 ** (1 / 8) - 0.5)
+    assert eight.method.startswith("P(A>B)") and 0 < eight.p < 0.05
+    # p: the level at which the interval's lower bound just reaches 0.1: alpha/2 = 0.6^8 (P_hat = 1, x = n = 8).
+    assert eight.p == pytest.approx(2 * 0.6**8, rel=1e-6)
+    # Seeds for a replication, by hand for P_hat = 1 (no spread): the smallest n with 0.025^(1/n) > 0.6 is 8
+    # (ln 0.025 / ln 0.6 = 7.2); toward opposite from P_hat = 0, the smallest n with 1 - 0.025^(1/n) < 0.5 is 6.
+    assert replication_seeds([1, 2, 3], [0, 0, 0], rule) == 8
+    assert replication_seeds([0, 0, 0], [1, 2, 3], rule, toward=OPPOSITE) == 6
+    assert replication_seeds([1, 2, 3], [0, 0, 0], rule, toward=OPPOSITE) is None  # the effect lies the other way
+    with pytest.raises(ValueError, match="unreachable"):
+        Rule("greater_by", margin=0.5, statistic="superiority")
+
+
+def test_a_superiority_part_in_a_report(tmp_path):
+    """A suite part with `statistic: superiority`: 8 seeds of a all above 8 of b, P_hat = 1, effect +0.5 with the
+    Clopper-Pearson bound 0.025^(1/8) - 1/2 = 0.131 > 0.1: reproduced; the report names the statistic and says
+    what its margin means. A report without such a part (v7's) has no such sentence."""
+    seeds = list(range(8))
+    for arm, base in (("a", 0.30), ("b", 0.20)):
+        for seed in seeds:
+            write_run(tmp_path / "runs" / arm / f"seed{seed}", [0.5] * 8, base + 0.001 * seed)
+    rule = {"kind": "greater_by", "margin": 0.1, "statistic": "superiority"}
+    doc = {
+        "base": ["rollout=hf"], "seeds": seeds, "arms": {"a": ["objective=dppo"], "b": ["objective=pg_is"]},
+        "claims": [{"id": 1, "claim": "a beats b", "paper": "Fig. 1",
+                    "parts": [{"a": "a", "b": "b", "metric": "final_eval", "rule": rule}]}],
+    }  # fmt: skip
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(doc))
+    one = report(tmp_path / "suite.yaml")["by_id"][1]
+    assert one["verdict"] == REPRODUCED and one["effect"] == 0.5
+    assert one["ci_low"] == pytest.approx(0.025 ** (1 / 8) - 0.5)
+    md = (tmp_path / "FINDINGS.md").read_text()
+    assert "- a vs b on `final_eval` P(A>B) - 1/2 (greater_by, margin 0.1):" in md
+    assert "0.1: A beats B in more than 60% of seed pairs" in md
+    plain = make_suite(tmp_path / "plain", {"a": [0.5, 0.55, 0.6], "b": [0.1, 0.12, 0.09], "c": [0.5, 0.55, 0.6]})
+    report(plain)
+    assert "statistic: superiority" not in (tmp_path / "plain" / "FINDINGS.md").read_text()
