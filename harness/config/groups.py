@@ -21,6 +21,13 @@ class ModelConfig:
     path: str | None = field(
         default=None, metadata={"help": "hub id or local directory of a causal LM; null = build the tiny model"}
     )
+    build: str | None = field(
+        default=None,
+        metadata={
+            "help": "the command that builds model.path on this machine (model=smollm2_135m: make real-model), "
+            "named when the folder is missing"
+        },
+    )
     max_model_len: int = field(default=512, metadata={"ge": 16, "help": "prompt + response tokens (vLLM cache)"})
     dtype: Literal["float32", "bfloat16"] = field(
         default="float32",
