@@ -167,7 +167,10 @@ class DataConfig:
             "\\boxed{}), or keep it, as verl's DAPO recipe does (then set reward.fallback_pattern)"
         },
     )
-    template: Literal["chat", "plain", "qwen_math"] = field(default="chat", metadata={"help": "prompt template"})
+    template: Literal["chat", "plain", "qwen_math", "chat_boxed"] = field(
+        default="chat",
+        metadata={"help": "prompt template; chat_boxed: chat with 'Put your final answer within \\boxed{}.' appended"},
+    )
     max_prompt_tokens: int | None = field(
         default=None,
         metadata={
