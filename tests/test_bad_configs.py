@@ -125,6 +125,8 @@ BAD = [
     (["data=dapo_math", "data.path=<latin1>"], "data.path", "is not UTF-8"),
     (["data=dapo_math", "data.path=./missing.parquet"], "data.path", "does not exist"),
     (["data.pool_path=/nonexistent/pool.json"], "data.pool_path", "harness.loop.pass_rates"),
+    # A folder built on this machine (model.build): the error names the command that builds it.
+    (["model=smollm2_135m", "model.path=/nonexistent/smollm2"], "model.path", "build it with make real-model"),
 ]
 
 

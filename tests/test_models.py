@@ -20,7 +20,7 @@ from harness.models import (
 )
 from harness.rewards import grade
 from harness.tasks.arith import ArithConfig, demonstration, make_splits
-from harness.tasks.templates import QWEN_MATH_SUFFIX, render
+from harness.tasks.templates import BOXED_SUFFIX, QWEN_MATH_SUFFIX, render
 
 SMALL = TinyModelConfig(
     vocab_size=300, hidden_size=64, num_layers=2, head_dim=16, intermediate_size=128,
@@ -190,10 +190,25 @@ def test_templates():
     assert render(None, "What is 2+2?", "plain") == "What is 2+2?\n"
     assert render(None, "What is 2+2?", "qwen_math") == "What is 2+2?" + QWEN_MATH_SUFFIX + "\n"
     assert QWEN_MATH_SUFFIX == " Please reason step by step, and put your final answer within \\boxed{}."
-    with pytest.raises(ValueError, match="chat, plain, qwen_math"):
+    with pytest.raises(ValueError, match="chat, plain, qwen_math, chat_boxed"):
         render(None, "q", "alpaca")
     with pytest.raises(ValueError, match="chat_template"):
         render(object(), "q", "chat")
+    with pytest.raises(ValueError, match="chat_template"):
+        render(object(), "q", "chat_boxed")
+
+
+def test_chat_boxed_puts_the_instruction_in_the_user_turn():
+    class Chat:  # the one method render calls, as a ChatML tokenizer would answer it
+        chat_template = "chatml"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            (m,) = messages
+            return f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n<|im_start|>assistant\n"
+
+    text = render(Chat(), "12+7", "chat_boxed")
+    assert text == "<|im_start|>user\n12+7 Put your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+    assert BOXED_SUFFIX == " Put your final answer within \\boxed{}."
 
 
 @pytest.mark.parametrize("missing", ["/definitely/not/here", "./not-here", "~/not-here", "not a model!"])

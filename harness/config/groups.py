@@ -21,6 +21,13 @@ class ModelConfig:
     path: str | None = field(
         default=None, metadata={"help": "hub id or local directory of a causal LM; null = build the tiny model"}
     )
+    build: str | None = field(
+        default=None,
+        metadata={
+            "help": "the command that builds model.path on this machine (model=smollm2_135m: make real-model), "
+            "named when the folder is missing"
+        },
+    )
     max_model_len: int = field(default=512, metadata={"ge": 16, "help": "prompt + response tokens (vLLM cache)"})
     dtype: Literal["float32", "bfloat16"] = field(
         default="float32",
@@ -180,7 +187,10 @@ class DataConfig:
             "\\boxed{}), or keep it, as verl's DAPO recipe does (then set reward.fallback_pattern)"
         },
     )
-    template: Literal["chat", "plain", "qwen_math"] = field(default="chat", metadata={"help": "prompt template"})
+    template: Literal["chat", "plain", "qwen_math", "chat_boxed"] = field(
+        default="chat",
+        metadata={"help": "prompt template; chat_boxed: chat with 'Put your final answer within \\boxed{}.' appended"},
+    )
     max_prompt_tokens: int | None = field(
         default=None,
         metadata={

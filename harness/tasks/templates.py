@@ -5,15 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-TEMPLATES = ("chat", "plain", "qwen_math")
+TEMPLATES = ("chat", "plain", "qwen_math", "chat_boxed")
 
 # The instruction the Qwen3 base-model runs of both papers append to every question.
 QWEN_MATH_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
+# What chat_boxed appends to the user turn: an instruct model's cue to end with an answer the grader can find.
+BOXED_SUFFIX = " Put your final answer within \\boxed{}."
 
 
 def render(tokenizer: Any, question: str, template: str = "chat") -> str:
-    """``chat``: the tokenizer's chat template with one user turn and the generation prompt;
+    """``chat``: the tokenizer's chat template with one user turn and the generation prompt; ``chat_boxed``: the
+    same with BOXED_SUFFIX after the question (instruct models that are not trained on bare questions);
     ``plain``: question + newline; ``qwen_math``: question + the boxed-answer instruction + newline."""
+    if template == "chat_boxed":
+        return render(tokenizer, question + BOXED_SUFFIX, "chat")
     if template == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
