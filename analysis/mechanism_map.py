@@ -322,7 +322,8 @@ def calibration(m: MapFile, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str,
         if spec["kind"] == "staleness":
             chosen[name] = next(iter(m.doses[name]))
             continue
-        for d in m.doses[name].values():
+        own_off = [Dose(name, OFF, m.own_off[name] or ())] if m.own_off[name] is not None else []
+        for d in [*own_off, *m.doses[name].values()]:  # a model's own dose-off cell is shown, never chosen
             if d.screen_only:
                 continue
             src = d.measure or d.name
@@ -338,7 +339,7 @@ def calibration(m: MapFile, rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str,
                 "final_tr": arm_mean(name, d.name, "tr", "final_eval"),
             }  # fmt: skip
             lo, hi = m.band
-            row["calibrated"] = bool(
+            row["calibrated"] = d.name != OFF and bool(
                 lo <= row["early_mismatch"] <= hi and row["masked_early"] < m.masked_below
                 and row["bad_update"] <= m.bad_at_most
             )  # fmt: skip
@@ -559,6 +560,8 @@ def report(m: MapFile, folder: Path) -> dict[str, Any]:
 
 def _calibrated(m: MapFile, r: dict[str, Any]) -> str:
     # The negative control is matched on early |pi - mu| to the chosen doses, not calibrated by the band.
+    if r["dose"] == OFF:
+        return "(its dose off)"
     if m.models[r["model"]]["kind"] == "negative":
         return "(matched, not calibrated)"
     return "yes" if r["calibrated"] else "no"
