@@ -28,6 +28,7 @@ from analysis.verdicts import (
     OPPOSITE,
     REPRODUCED,
     SMALLER,
+    Comparison,
     Rule,
     compare,
     mean_interval,
@@ -74,7 +75,9 @@ def evaluate_claims(
         rows.append(row)
         if ok and not m.empty:
             frames.append(m.assign(run=str(job.run_dir), arm=job.arm, seed=job.seed))
-    per_run = pd.DataFrame(rows)
+    # No job at all (every claim of the selection not testable here) still gives the frame its columns.
+    steps1 = ["mismatch_abs_mean_step1", "mismatch_abs_max_step1"]
+    per_run = pd.DataFrame(rows, columns=["arm", "seed", "status", "run_dir", *METRICS, *steps1, "error"])
     curves = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return [claim_entry(c, per_run) for c in claims], per_run, curves
 
@@ -113,6 +116,12 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
     for part, verdict, p in zip(parts, adjusted, p_holm, strict=True):
         part["verdict"] = verdict if testable else NOT_TESTABLE
         part["p_holm"] = p
+    for part, spec in zip(parts, claim["parts"], strict=True):  # v8: what the paper says, and what was planned
+        for key in ("quote", "power"):
+            if key in spec:
+                part[key] = spec[key]
+    if any("endpoints" in spec for spec in claim["parts"]):
+        endpoint_entries(claim["parts"], parts, per_run, testable)
     if not testable:
         summary = NOT_TESTABLE
     head = parts[0]
@@ -143,6 +152,34 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
         "parts": parts,
         "arms": arms,
     }
+
+
+def endpoint_entries(
+    specs: Sequence[dict[str, Any]], parts: list[dict[str, Any]], per_run: pd.DataFrame, testable: bool
+) -> None:
+    """Each part's secondary endpoints (break rate, the mechanism's measures), on the part's own arms, each decided
+    by its own rule and Holm-adjusted over the claim's endpoints: reported beside the primary verdict, never
+    turning it (analysis/verdicts.py, multiplicity)."""
+    flat: list[tuple[dict[str, Any], Comparison]] = []
+    for spec, part in zip(specs, parts, strict=True):
+        part["endpoints"] = []
+        for endpoint in spec.get("endpoints") or []:
+            rule = Rule(**endpoint["rule"])
+            b = part["b"]
+            b_vals = _values(per_run, b, endpoint["metric"]) if isinstance(b, str) else float(b)
+            c = compare(_values(per_run, part["a"], endpoint["metric"]), b_vals, rule)
+            entry = {
+                "metric": endpoint["metric"], "rule": endpoint["rule"], "effect": c.effect, "ci_low": c.ci_low,
+                "ci_high": c.ci_high, "method": c.method, "seeds": list(c.seeds), "verdict_alone": c.verdict,
+                "p": c.p, "why": c.why,
+            }  # fmt: skip
+            part["endpoints"].append(entry)
+            flat.append((entry, c))
+    if not flat:
+        return
+    _, adjusted, p_holm = summarize([c for _, c in flat])
+    for (entry, _), verdict, p in zip(flat, adjusted, p_holm, strict=True):
+        entry["verdict"], entry["p_holm"] = (verdict if testable else NOT_TESTABLE), p
 
 
 def _values(per_run: pd.DataFrame, arm: str, metric: str) -> list[float]:
@@ -202,6 +239,8 @@ def write_report(
         cond = getattr(suite, "conditions", {}).get(str(entry.get("condition")))
         if cond is not None:
             entry["condition"] = f"{entry['condition']}: {cond.get('what', '')}".rstrip(": ")
+            if "control" in cond:  # v8: the mechanism map's model whose computed positive control the claim reads
+                entry["control"] = {"model": cond["control"], "evidence": cond.get("evidence")}
     by_id = {c["id"]: c for c in claims}
     for entry in entries:
         figs = claim_figures(by_id[entry["id"]], curves, per_run, out)
@@ -327,9 +366,19 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         "see findings/map/MAP.md). A claim's one-word summary is given only where its parts agree."
         + _superiority_note(doc),
         "",
-        "| claim | part | condition | effect [95% CI] | seeds | verdict | claim |",
-        "|---|---|---|---|---|---|---|",
     ]
+    quoted = any("quote" in p for e in doc["claims"] for p in e.get("parts", []))
+    lines += (
+        [
+            "| claim | part | quote | condition | effect [95% CI] | seeds | verdict | claim |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        if quoted
+        else [
+            "| claim | part | condition | effect [95% CI] | seeds | verdict | claim |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    )
     for e in doc["claims"]:
         if not e["cpu"]:
             lines.append(f"| {e['id']}. {e['paper']} | – | – | – | – | not tested: {e['why']} | – |")
@@ -338,9 +387,10 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
             b = p["b"] if isinstance(p["b"], str) else f"{p['b']}"
             rule = p["rule"]
             margin = f" {rule.get('margin', 0)}" if rule.get("margin") else ""
+            quote = f' "{p.get("quote", "")}" |' if quoted else ""
             lines.append(
                 f"| {e['id'] if i == 0 else ''}{'. ' + e['paper'] if i == 0 else ''} | {p['a']} vs {b}, "
-                f"`{p['metric']}` ({rule['kind']}{margin}) | {e.get('condition') or 'base' if i == 0 else ''} | "
+                f"`{p['metric']}` ({rule['kind']}{margin}) |{quote} {e.get('condition') or 'base' if i == 0 else ''} | "
                 f"{_fmt(p['effect'])} [{_fmt(p['ci_low'])}, {_fmt(p['ci_high'])}] | {p['seeds'][0]}/{p['seeds'][1]} | "
                 f"{p['verdict']} | {'**' + e['verdict'] + '**' if i == 0 else ''} |"
             )
@@ -354,6 +404,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
             e.get("positive_control")
         ]
         lines.append(f"**Claim {e['id']}** ({e['verdict']}): {e['claim']}")
+        if "control" in e:
+            control += f", computed by the mechanism map for `{e['control']['model']}` ({e['control']['evidence']})"
         lines.append(f"- condition: {e.get('condition') or 'the base setting'}; positive control there: {control}")
         for p in e["parts"]:
             b = p["b"] if isinstance(p["b"], str) else f"the constant {p['b']}"
@@ -364,6 +416,7 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
                 f"seeds {p['seeds'][0]}/{p['seeds'][1]} -> {p['verdict_alone']} alone, Holm p {_fmt(p['p_holm'], 2)}"
                 f" -> {p['verdict']}{_replication_note(p)}"
             )
+            lines += _endpoint_lines(p)
         mism = ", ".join(f"{a} {_fmt(v['mismatch_abs_mean'], 2)}" for a, v in e["arms"].items())
         lines.append(f"- step-1 mean |π−μ| per arm: {mism}")
         for f in e.get("figures", []):
@@ -375,6 +428,20 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         lines += [f"| {r.arm} | {r.seed} | {str(r.error)[:200]} |" for r in failed.itertuples()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _endpoint_lines(part: dict[str, Any]) -> list[str]:
+    """A v8 part's planned power and its secondary endpoints, one line each, under the part's line."""
+    lines = [f"  - power as preregistered: {part['power']}"] if "power" in part else []
+    for ep in part.get("endpoints", []):
+        rule = ep["rule"]
+        lines.append(
+            f"  - endpoint `{ep['metric']}`{_STATISTIC_LABEL.get(rule.get('statistic'), '')} ({rule['kind']}, "
+            f"margin {rule.get('margin', 0)}): effect {_fmt(ep['effect'])} [{_fmt(ep['ci_low'])}, "
+            f"{_fmt(ep['ci_high'])}] ({ep['method']}), seeds {ep['seeds'][0]}/{ep['seeds'][1]}, Holm p over the "
+            f"claim's endpoints {_fmt(ep['p_holm'], 2)} -> {ep['verdict']}"
+        )
+    return lines
 
 
 _STATISTIC_LABEL = {"rate": " rate", "superiority": " P(A>B) - 1/2"}

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from harness.objectives import get_objective
+from harness.objectives.correction import CorrectionConfig, rollout_correction
 
 ROOT = Path(__file__).resolve().parents[1]
 # (label, preset, overrides): the base setting's arms, DRPO at the delta where its corrective region is reached.
@@ -44,7 +45,14 @@ OBJECTIVES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("drpo_0.15", "drpo", {"delta": 0.15}),
     ("drpo_mask_0.15", "drpo_mask", {"delta": 0.15}),
     ("drpo_no_absadv_0.15", "drpo_no_absadv", {"delta": 0.15}),
+    ("gspo", "gspo", {}),
+    ("cppo", "cppo", {}),
+    ("icepop", "icepop", {}),  # anchored on pi_old: only where the batches carry it (below)
+    ("grpo_seq_tis", "minirl", {}),  # with SEQ_TIS, verl's decoupled_seq_is
 )
+# GRPO-ClipHigher on pi/pi_old with verl's sequence TIS (w = min(prod pi_old/mu, 2), detached, multiplying the
+# per-token loss): the rollout-correction axis's representative in the replay.
+CORRECTED = {"grpo_seq_tis": CorrectionConfig(name="decoupled_seq_is", rollout_is="sequence", rollout_is_threshold=2.0)}
 LOW_MU = 0.1  # Relax's alpha and DPPO Fig. 6's "low-probability" line
 
 
@@ -66,14 +74,24 @@ def load_batches(run_dir: Path) -> list[dict[str, Any]]:
     return [b for f in files for b in torch.load(f)]
 
 
-def token_weights(objective: Any, batch: dict[str, Any]) -> torch.Tensor:
-    """c per token: the gradient of the objective's summed per-token loss with respect to log pi."""
+def token_weights(objective: Any, batch: dict[str, Any], correction: CorrectionConfig | None = None) -> torch.Tensor:
+    """c per token: the gradient of the objective's summed per-token loss with respect to log pi; NaN on every
+    token when the objective needs pi_old and the source run did not recompute it (old_logp None). A correction
+    multiplies the loss by its detached weight and drops rejected tokens, as the training step does."""
+    if batch["old_logp"] is None and objective.needs_old:
+        return torch.full_like(batch["logp"], math.nan)
+    advantages, mask, weight, extra = batch["advantages"], batch["mask"], None, {}
+    if correction is not None:  # decoupled, as harness.loop.correction: the ratio is taken against pi_old
+        corr = rollout_correction(correction, batch["old_logp"], batch["behavior_logp"], mask)
+        advantages, mask, weight = advantages * corr.keep, mask * corr.keep, corr.weight
+        extra = {"is_logp": batch["old_logp"]}
     logp = batch["logp"].clone().requires_grad_(True)
     out = objective(
-        logp=logp, behavior_logp=batch["behavior_logp"], advantages=batch["advantages"], mask=batch["mask"],
-        old_logp=batch["old_logp"],
+        logp=logp, behavior_logp=batch["behavior_logp"], advantages=advantages, mask=mask,
+        old_logp=batch["old_logp"], **extra,
     )  # fmt: skip
-    (grad,) = torch.autograd.grad(out.loss_mat.sum(), logp)
+    loss = out.loss_mat if weight is None else out.loss_mat * weight
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
     return -grad  # the loss is minimised: c is the weight on grad log pi in the ascent direction
 
 
@@ -88,7 +106,7 @@ def replay(batches: list[dict[str, Any]]) -> Tokens:
         parts["advantage"].append(batch["advantages"][keep].numpy())
         parts["entropy"].append(batch["entropy"][keep].numpy())
         for label, obj in objectives.items():
-            weights[label].append(token_weights(obj, batch)[keep].numpy())
+            weights[label].append(token_weights(obj, batch, CORRECTED.get(label))[keep].numpy())
     cat = {k: np.concatenate(v) for k, v in parts.items()}
     return Tokens(**cat, weights={k: np.concatenate(v) for k, v in weights.items()})
 
@@ -101,6 +119,9 @@ def summary(tokens: Tokens) -> dict[str, Any]:
     n = len(tokens.mu)
     rows = []
     for label in tokens.weights:
+        if n and np.isnan(tokens.weights[label]).all():  # anchored on pi_old; the source run is mu-anchored
+            rows.append({"objective": label, "needs_pi_old": True})
+            continue
         z = zeroed(tokens, label)
         rows.append({
             "objective": label, "zeroed": int(z.sum()), "zeroed_frac": float(z.mean()) if n else math.nan,
@@ -209,6 +230,9 @@ def markdown(doc: dict[str, Any], source: str) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in doc["objectives"]:
+        if r.get("needs_pi_old"):
+            lines.append(f"| {r['objective']} | needs pi_old: the source run did not recompute it | | | | | |")
+            continue
         lines.append(
             f"| {r['objective']} | {r['zeroed']} | {r['zeroed_frac']:.3f} | {_f(r['zeroed_mu_mean'])} | "
             f"{_f(r['zeroed_low_mu_frac'])} | {_f(r['zeroed_entropy_excess'])} | {r['mean_abs_weight']:.3g} |"

@@ -75,6 +75,49 @@ def _clipped_entropy_excess(m: pd.DataFrame, e: pd.DataFrame) -> float:
     return float(np.nanmean(values) - np.nanmean(_numeric(m, ["rollout/entropy"])))
 
 
+def _lowmu_enrichment(sign: str) -> Callable[[pd.DataFrame, pd.DataFrame], float]:
+    """Share of mu < 0.1 among the clipped tokens of one sign of A over their share among all its tokens, on the
+    steps that clipped any (harness.loop.diagnostics.LOW_MU): > 1 where clipping falls on low-mu tokens more than
+    their frequency (DPPO §6). By sign, since the upper (A > 0) and lower (A < 0) clips hit different tokens."""
+
+    def metric(m: pd.DataFrame, e: pd.DataFrame) -> float:
+        cols = [f"objective/clipped_lowmu_frac_{sign}", f"objective/lowmu_frac_{sign}"]
+        if not set(cols) <= set(m.columns):
+            return math.nan
+        v = _numeric(m, cols)
+        v = v[np.isfinite(v).all(axis=1)]
+        return float(v[:, 0].mean() / v[:, 1].mean()) if len(v) and v[:, 1].mean() > 0 else math.nan
+
+    return metric
+
+
+def _mismatch_slope(given_entropy: bool) -> Callable[[pd.DataFrame, pd.DataFrame], float]:
+    """The within-run least-squares slope of mean |pi - mu| per 100 steps; with `given_entropy` the step
+    coefficient of |pi - mu| ~ 1 + step + entropy, so a mismatch that rises only because entropy rises (v7's
+    late_mismatch tracked late entropy at r = 0.87) does not count as growth."""
+
+    def metric(m: pd.DataFrame, e: pd.DataFrame) -> float:
+        cols = ["step", "mismatch/abs_prob_diff_mean", "rollout/entropy"]
+        if not set(cols) <= set(m.columns):
+            return math.nan
+        v = _numeric(m, cols)
+        v = v[np.isfinite(v).all(axis=1)]
+        if len(v) < 4:
+            return math.nan
+        x = np.column_stack([np.ones(len(v)), v[:, 0] / 100.0, *([v[:, 2]] if given_entropy else [])])
+        return float(np.linalg.lstsq(x, v[:, 1], rcond=None)[0][1])
+
+    return metric
+
+
+def _step1(key: str) -> Callable[[pd.DataFrame, pd.DataFrame], float]:
+    def metric(m: pd.DataFrame, e: pd.DataFrame) -> float:
+        s = _series(m, key)
+        return float(s.iloc[0]) if len(s) else math.nan
+
+    return metric
+
+
 # Per-run numbers a claim can compare: (metrics.jsonl frame, eval.jsonl frame) -> float.
 METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = {
     "final_eval": (_final_eval, "held-out accuracy at the last evaluation"),
@@ -102,6 +145,25 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
         lambda m, e: float(_series(m, "mismatch/bad_update_frac").mean()),
         "share of bad updates (Fig. 5)",
     ),
+    "early_bad_update_frac": (
+        lambda m, e: _window(m, "mismatch/bad_update_frac", "early"),
+        "share of bad updates, first quarter",
+    ),
+    "late_bad_update_frac": (
+        lambda m, e: _window(m, "mismatch/bad_update_frac", "late"),
+        "share of bad updates, last quarter",
+    ),
+    "step1_mismatch": (_step1("mismatch/abs_prob_diff_mean"), "mean |pi - mu| at step 1"),
+    "step1_masked_frac": (_step1("objective/masked_frac"), "share of tokens the trust region masked at step 1"),
+    "early_masked_frac": (lambda m, e: _window(m, "objective/masked_frac", "early"), "masked share, first quarter"),
+    "late_masked_frac": (lambda m, e: _window(m, "objective/masked_frac", "late"), "masked share, last quarter"),
+    "mismatch_slope": (_mismatch_slope(False), "within-run slope of mean |pi - mu| per 100 steps"),
+    "mismatch_slope_given_entropy": (
+        _mismatch_slope(True),
+        "within-run slope of mean |pi - mu| per 100 steps, entropy held fixed (|pi-mu| ~ 1 + step + entropy)",
+    ),
+    "lowmu_enrichment_pos": (_lowmu_enrichment("pos"), "share of mu < 0.1 among A > 0 clipped tokens / among all"),
+    "lowmu_enrichment_neg": (_lowmu_enrichment("neg"), "share of mu < 0.1 among A < 0 clipped tokens / among all"),
 }
 
 

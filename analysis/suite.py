@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from analysis import suite_checks
 from analysis.run_metrics import METRICS
 from analysis.verdicts import Rule
 from harness.cli.sweep import job_line  # the sweeps' progress line: `[3/32] arm=dppo seed=1 done in 3 min (...)`
@@ -74,6 +75,7 @@ class Suite:
     # Named conditions a claim runs at (`conditions:`): what they are, and whether the testbed map found a positive
     # control for the mechanism there. A claim names one with `condition:`.
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = 7  # `version:`; from 8 on analysis.suite_checks holds the file to what v8 must state
 
     @classmethod
     def load(cls, path: Path, _seen: tuple[Path, ...] = (), _optin: bool = True) -> Suite:
@@ -110,8 +112,11 @@ class Suite:
             suite.arm_seeds[arm] = n
         suite.conditions = {str(k): dict(v or {}) for k, v in (raw.get("conditions") or {}).items()}
         _computed_controls(path, raw, suite)
+        suite.version = int(raw.get("version", 7))
         for claim in suite.claims:
             _check_claim(path, claim, suite)
+            if suite.version >= 8:
+                suite_checks.check_claim(path, claim, suite.conditions, suite.arms)
             for part in claim.get("parts", []):  # a rule the report cannot apply must fail now, not after the runs
                 try:
                     Rule(**part.get("rule", {}))
@@ -138,7 +143,10 @@ class Suite:
     def jobs_for(
         self, claims: Sequence[dict[str, Any]], seeds: Sequence[int], runs_dir: Path, only: list[str] | None = None
     ) -> list[Job]:
-        wanted = {a for c in claims if c.get("cpu", True) for a in claim_arms(c)}
+        # A claim at a condition without a positive control is not testable here: its arms do not run.
+        wanted = {
+            a for c in claims if c.get("cpu", True) and c.get("positive_control") is not False for a in claim_arms(c)
+        }
         arms = sorted(wanted & set(only or wanted), key=list(self.arms).index)
         return [
             Job(arm, seed, (*self.base, *self.arms[arm], f"seed={seed}"), runs_dir / arm / f"seed{seed}")
@@ -471,8 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = suite.runs if suite.runs is not None and args.seeds is None else None
     runs = runs or (suite.path.parent / "runs" if args.quick and args.seeds is None else out / "runs")
     jobs = suite.jobs_for(claims, seeds, runs, only)
-    if args.report_only and not any(j.run_dir.exists() or _log(j).exists() for j in jobs):
+    if args.report_only and jobs and not any(j.run_dir.exists() or _log(j).exists() for j in jobs):
         # A report of nothing but "not run" says nothing, and would replace whatever report the folder holds.
+        # (No job at all: every claim is not testable here, and that report says so.)
         raise SystemExit(
             f"error: --report-only: no run of this selection is on disk under {runs}; run `{report_command(args)}` "
             "without --report-only first (a rerun skips the runs that completed)"

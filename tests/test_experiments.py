@@ -53,6 +53,7 @@ EXPECTED_OBJECTIVES = {
     "drpo_penalty_beta": {"penalty_tv", "penalty_kl", "penalty_k3"},
     "dppo_fig17_lora": {"grpo", "cispo", "dppo", "dppo_kl"},
     "dppo_fig10_rlhf": {"grpo", "dppo"},
+    "family_2026": {"dppo", "drpo", "cppo", "gspo", "icepop", "minirl", "cispo"},
 }
 # What a full-scale experiment trains on, where it is not the default (DAPO-Math, AIME24 + AIME25, lr 1e-6).
 SETTING = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,3 +78,25 @@ def test_saving_batches_changes_no_training_and_the_replay_reads_them(tmp_path, 
 def test_a_run_without_saved_batches_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no batches/step_<k>.pt; train with trainer.save_batches"):
         main([str(tmp_path)])
+
+
+def test_the_2026_objectives_and_sequence_tis_on_hand_built_tokens():
+    """The same four tokens with pi_old recomputed at (0.10, 0.5, 0.5, 0.5), so pi/pi_old = (1, 1.6, 1.1, 1) and
+    pi_old/mu = (2, 1, 1, 1):
+    - GRPO with sequence TIS: w = min(prod pi_old/mu, 2) = 2 on every token; the clip on pi/pi_old (1.28) zeroes the
+      second; c = w r A with r = pi/pi_old: (2, 0, 2.2, 2);
+    - IcePop: k = pi_old/mu inside [0.5, 5] everywhere; its clip on pi/pi_old (1.2) zeroes the second; c = k r A:
+      (2, 0, 1.1, 1);
+    - GSPO: the row's ratio exp(mean log pi/mu) = exp(1.2584 / 4) = 1.37 lies above 1 + 4e-4: every token zeroed.
+    Without pi_old (a mu-anchored source run) the two pi_old objectives are reported as needing it."""
+    b = batch([0.05, 0.5, 0.5, 0.5], [0.10, 0.8, 0.55, 0.5], [1.0] * 4)
+    b["old_logp"] = torch.tensor([[0.10, 0.5, 0.5, 0.5]]).log()
+    tokens = replay([b])
+    assert tokens.weights["grpo_seq_tis"].tolist() == pytest.approx([2.0, 0.0, 2.2, 2.0], rel=1e-5)
+    assert tokens.weights["icepop"].tolist() == pytest.approx([2.0, 0.0, 1.1, 1.0], rel=1e-5)
+    assert tokens.weights["gspo"].tolist() == [0.0] * 4
+    assert np.isfinite(tokens.weights["cppo"]).all()
+    without = summary(replay([batch([0.05, 0.5], [0.1, 0.5], [1.0, 1.0])]))
+    rows = {row["objective"]: row for row in without["objectives"]}
+    assert rows["icepop"] == {"objective": "icepop", "needs_pi_old": True} and rows["grpo_seq_tis"]["needs_pi_old"]
+    assert rows["gspo"]["zeroed"] == 2 and "needs_pi_old" not in rows["cppo"]

@@ -28,6 +28,10 @@ from harness.distributed import ProcessGroup
 from harness.rundir.files import atomic_write_text, writing
 
 LOW_PROB = 0.01  # "low-probability token": mu at or below this
+# DPPO §6's threshold: ratio clipping over-constrains tokens with mu below 0.1 (the Relax objectives' own cut). The
+# share of such tokens among the clipped ones against their share among all tokens of the same sign of A is the
+# enrichment suite v8's claim 3 reads (the paper's "below 0.15" is about its model, whose mu runs lower).
+LOW_MU = 0.1
 TABLE_ROWS = 50  # App. D lists the 50 most clipped tokens per sign
 SIGNS = ("pos", "neg")
 
@@ -102,9 +106,12 @@ class ClippedTokens:
             tokens = valid & side
             hit = tokens & clipped
             mu = mb.behavior_logp.exp()
+            low = mu < LOW_MU
             sums = {
                 "tokens": float(tokens.sum()),
                 "clipped": float(hit.sum()),
+                "low": float((tokens & low).sum()),
+                "clipped_low": float((hit & low).sum()),
                 "mu": float(mu[hit].sum()),
                 "entropy": float(entropy[hit].sum()) if entropy is not None else float("nan"),
             }
@@ -114,7 +121,8 @@ class ClippedTokens:
             self.clipped[sign].update(mb.response_ids[hit].tolist())
 
     def metrics(self, pg: ProcessGroup) -> dict[str, float]:
-        """objective/clipped_{frac,mu_mean,entropy_mean}_{pos,neg}: summed over ranks, then divided."""
+        """objective/clipped_{frac,mu_mean,entropy_mean,lowmu_frac}_{pos,neg} and objective/lowmu_frac_{pos,neg}:
+        summed over ranks, then divided."""
         out: dict[str, float] = {}
         if not self.step:
             return out
@@ -124,6 +132,8 @@ class ClippedTokens:
             out[f"objective/clipped_frac_{sign}"] = hit / n if n else float("nan")
             out[f"objective/clipped_mu_mean_{sign}"] = total[f"{sign}/mu"] / hit if hit else float("nan")
             out[f"objective/clipped_entropy_mean_{sign}"] = total[f"{sign}/entropy"] / hit if hit else float("nan")
+            out[f"objective/clipped_lowmu_frac_{sign}"] = total[f"{sign}/clipped_low"] / hit if hit else float("nan")
+            out[f"objective/lowmu_frac_{sign}"] = total[f"{sign}/low"] / n if n else float("nan")
         return out
 
     def state(self) -> dict[str, Any]:
