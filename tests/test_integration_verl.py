@@ -1,15 +1,18 @@
 """The verl adapter (harness/integrations/verl.py), run through verl itself (the verl extra, or `make
 test-integrations`, which runs this file in a verl 0.9.1 environment with the built wheel installed).
 
-verl's own `get_policy_loss_fn(<name>)`, called with verl's own actor config class the way verl's ppo_loss calls it,
-must give our objective's loss and gradient under every aggregation mode, with the values verl's config sets (read
-as verl's built-in losses read them); DPPO's gradient and clip fraction must equal verl's built-in `dppo_tv` /
-`dppo_kl` under the same config (their loss *values* differ by form: verl's is -A w M log pi, ours -A w M,
-objectives.md §1); the mismatch metrics must be verl's rollout_corr ones. Along the path verl's driver and workers
-take, as far as it runs on CPU: verl's own Hydra config, its validate_config (refuses a recompute anchor), its
-apply_bypass_mode on a DataProto, omega_conf_to_dataclass to the worker's actor config, and the worker's
+verl's own `get_policy_loss_fn("tr_<name>")`, called with verl's own actor config class the way verl's ppo_loss
+calls it, must give our objective's loss and gradient under every aggregation mode, with the values verl's config
+sets (read as verl's built-in losses read them); DPPO's gradient and clip fractions must equal verl's built-in
+`dppo_tv` / `dppo_kl` under the same config (their loss *values* differ by form: verl's is -A w M log pi, ours
+-A w M, objectives.md §1); the mismatch metrics must be verl's rollout_corr ones. Along the path verl's driver and
+workers take, as far as it runs on CPU: verl's own Hydra config, its validate_config (each setting our loss cannot
+honour refused in one line; rollout_rs handed to the workers and applied in the loss), its apply_bypass_mode on a
+DataProto, omega_conf_to_dataclass to the worker's actor config, and the worker's
 `verl.workers.utils.losses.ppo_loss` on a tiny Qwen3's log-probs of its own samples, through backward and an
-optimizer step. It stops before verl's FSDP engine, Ray workers and vLLM rollout, which need GPUs.
+optimizer step; and fresh interpreters that import verl alone (the entry point registers `tr_dppo`; a failed
+registration is named by validate_config). It stops before verl's FSDP engine, Ray workers and vLLM rollout, which
+need GPUs.
 """
 
 from __future__ import annotations
