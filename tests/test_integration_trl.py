@@ -10,8 +10,11 @@ unless TRL is installed.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -361,3 +364,44 @@ def test_an_objective_passed_in_must_agree_with_grpoconfig(tmp_path):
         "agg='seq-mean-token-sum-norm'; set loss_type='dr_grpo', or pass objective='dppo' by name to take "
         "GRPOConfig's values"
     )
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl" / "train_trust_region.py"
+
+
+def example_module() -> Any:
+    spec = importlib.util.spec_from_file_location("train_trust_region", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the example's string annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def example_argv(tmp_path: Path, model: str, *extra: str) -> list[str]:
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in PAIRS]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [
+        "--model", model, "--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+        "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", str(TOKENS),
+        "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no", "--seed", "0", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow  # TRL trains the small model one step
+def test_the_trl_example_trains_the_objective_its_config_carries(tmp_path, model_path):
+    example = example_module()
+    trainer = example.main(example_argv(tmp_path, model_path, "--objective", "drpo", "--epsilon", "0.1"))
+    assert isinstance(trainer.args, example.TrustRegionGRPOConfig) and trainer.state.global_step == 1
+    cfg = trainer.trust_region.cfg
+    assert (trainer.trust_region.name, cfg.delta, cfg.agg) == ("drpo", 0.1, "seq-mean-token-sum-norm")
+    args = trainer.args  # the config's defaults: the papers' setting, and nothing the trainer refuses
+    assert (args.loss_type, args.beta, args.scale_rewards, args.vllm_importance_sampling_correction) == (
+        "dr_grpo", 0.0, "none", False,
+    )  # fmt: skip
+
+
+def test_the_trl_example_refuses_what_the_objective_cannot_honour(tmp_path):
+    example = example_module()
+    with pytest.raises(ValueError, match=r"^GRPOConfig.loss_type='dapo': TRL's dapo divides by the tokens"):
+        example.main(example_argv(tmp_path, str(tmp_path / "no-model-here"), "--loss_type", "dapo"))

@@ -23,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -562,3 +563,24 @@ def test_a_worker_trains_our_loss_on_a_tiny_model_in_bypass_mode(api):
     moved = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
     assert "lm_head.weight" in moved or "model.embed_tokens.weight" in moved
     assert len(moved) >= len(before) // 2
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "verl" / "run_qwen3-1.7b_trust_region.sh"
+
+
+@pytest.mark.parametrize("loss_mode", ["tr_dppo", "tr_drpo", "dppo_tv"])
+def test_the_verl_example_job_passes_verls_validate_config(api, loss_mode):
+    """examples/verl's overrides compose into verl's own config, which verl's validate_config (our checks first)
+    accepts; our losses then train the values the example means (DPPO 0.15 both sides, uncapped; DRPO 0.15)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    env = dict(os.environ, PRINT_OVERRIDES="1", LOSS_MODE=loss_mode)
+    out = subprocess.run(["bash", str(EXAMPLE)], env=env, capture_output=True, text=True, check=True, timeout=60)
+    job = verl_job(**dict(line.split("=", 1) for line in out.stdout.splitlines()))
+    validate_config(job, use_reference_policy=need_reference_policy(job), use_critic=need_critic(job))
+    assert job.actor_rollout_ref.actor.policy_loss.loss_mode == loss_mode
+    fn = api.adapter.ours(loss_mode)
+    if fn is not None:
+        expected = {"tr_dppo": {"delta_low": 0.15, "delta_high": 0.15, "is_cap": 10000.0}, "tr_drpo": {"delta": 0.15}}
+        assert fn.resolve(job.actor_rollout_ref.actor)[1] == expected[loss_mode]
