@@ -56,7 +56,15 @@ VERL_SUPPORTED = ((0, 9), (0, 9))  # tested with 0.9.1: the loss call, ppo_loss'
 TESTED = "0.9.1"
 # The calls this adapter makes, by the keywords it passes; a newer verl runs while they are all there.
 LOSS_CALL = ("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights")
-AGG_CALL = ("loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size")
+AGG_CALL = (
+    "loss_mat",
+    "loss_mask",
+    "loss_agg_mode",
+    "dp_size",
+    "batch_num_tokens",
+    "global_batch_size",
+    "loss_scale_factor",
+)
 RS_CALL = ("log_ratio", "response_mask", "rollout_rs", "rollout_rs_threshold")
 BYPASS_CALL = ("batch", "rollout_corr_config", "policy_loss_config")
 # Our metrics under verl's names: k1 and k3 are verl's rollout_corr/kl and rollout_corr/k3_kl
