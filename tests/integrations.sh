@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make test-integrations: the adapters' tests where their users train. One venv per environment, each with its
 # framework's own pins (verl 0.9.1 keeps transformers below 5.11) and the wheel built from this checkout; each is
-# built once per requirement line (a stamp inside it) and reused. The tests run from a scratch copy of tests/ and
-# analysis/ (analysis is not in the wheel), so `harness` is imported from the installed wheel, never the checkout.
+# built once per requirement line (a stamp inside it) and reused. The tests run from a scratch copy of tests/,
+# analysis/ and examples/ (none is in the wheel), so `harness` is imported from the installed wheel, never the
+# checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -28,7 +29,7 @@ model=$("$PY" -c "from tests.conftest import SMALL_MODEL; from harness.config im
 from harness.loop.model_path import model_dir; print(model_dir(validate(compose(*SMALL_MODEL))))" 2>/dev/null | tail -1)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cp -r tests analysis pyproject.toml "$scratch"/
+cp -r tests analysis examples pyproject.toml "$scratch"/
 
 failed=0
 for spec in "${ENVS[@]}"; do

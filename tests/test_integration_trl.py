@@ -10,8 +10,11 @@ unless TRL is installed.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +29,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from harness.health import LIMITS  # noqa: E402
+from harness.integrations import trl_config  # noqa: E402
 from harness.integrations.trl import (  # noqa: E402
     TrustRegionGRPOTrainer,
     anchors,
@@ -72,10 +76,12 @@ def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
 def config(out: Path, **kw: Any) -> GRPOConfig:
     # num_iterations=2: each generation batch trains twice, so on its second step the weights have moved since
     # generation, pi != mu, and the trust region has something to do.
+    # loss_type dr_grpo: seq-mean-token-sum-norm over max_completion_length, the objectives' own aggregation.
     values = dict(
         output_dir=str(out), max_steps=3, per_device_train_batch_size=8, num_generations=4, steps_per_generation=1,
         num_iterations=2, max_completion_length=TOKENS, learning_rate=1e-2, beta=0.0, scale_rewards="none",
         use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True,
+        loss_type="dr_grpo",
     )  # fmt: skip
     return GRPOConfig(**{**values, **kw})
 
@@ -105,14 +111,15 @@ class Recording(TrustRegionGRPOTrainer):
 def test_trl_trains_with_our_objective_and_its_loss_is_ours(tmp_path, model_path, name):
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     trainer = Recording(
-        model=model_path, reward_funcs=[reward], args=config(tmp_path), train_dataset=arithmetic(tokenizer),
-        processing_class=tokenizer, objective=name,
+        model=model_path, reward_funcs=[reward], args=config(tmp_path, epsilon=0.1),
+        train_dataset=arithmetic(tokenizer), processing_class=tokenizer, objective=name,
     )  # fmt: skip
     trainer.steps = []
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.train()
 
-    objective = get_objective(name)
+    objective = get_objective(name, delta=0.1)  # GRPOConfig's epsilon is the objective's radius
+    assert trainer.trust_region.cfg.agg == "seq-mean-token-sum-norm"  # loss_type dr_grpo
     assert len(trainer.steps) == 3
     for i, (inputs, trainer_loss, logp) in enumerate(trainer.steps):
         # HF generation: the behaviour policy is the model at generation time, whose log-probs TRL recomputed.
@@ -258,3 +265,143 @@ def test_anchors_take_the_samplers_logprobs_and_the_recompute_where_it_has_none(
     # vLLM: mu is the engine's, the recompute filling the token it could not score; old_logp is the recompute.
     mu, pi_old = anchors({"old_per_token_logps": old, "sampling_per_token_logps": sampled}, logp)
     assert mu.tolist() == [[-1.25, -2.5, -3.25]] and pi_old.tolist() == [[-1.5, -2.5, -3.5]]
+
+
+def trainer_refusal(tmp_path, objective: Any = "dppo", **values: Any) -> str:
+    """The line TrustRegionGRPOTrainer refuses GRPOConfig(**values) with; no model exists at that path, so the
+    refusal must come before TRL builds one."""
+    with pytest.raises(ValueError) as e:
+        TrustRegionGRPOTrainer(
+            model=str(tmp_path / "no-model-here"), reward_funcs=[reward], args=config(tmp_path, **values),
+            train_dataset=Dataset.from_dict({"prompt": ["1 + 1"]}), objective=objective,
+        )  # fmt: skip
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_vllm_importance_sampling_correction_is_refused_since_our_weight_already_is_pi_over_mu(tmp_path):
+    args = config(tmp_path)
+    args.use_vllm = True  # set after construction: GRPOConfig itself would look for vLLM; the default correction on
+    with pytest.raises(ValueError) as e:
+        TrustRegionGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=[reward], args=args)
+    assert str(e.value) == (
+        "GRPOConfig.vllm_importance_sampling_correction=True with use_vllm: objective dppo already weights each "
+        "token by pi/mu (mu: vLLM's log-probs), so TRL's pi_old/mu weight would count mu twice; set "
+        "vllm_importance_sampling_correction=False"
+    )
+    args.vllm_importance_sampling_correction = False
+    assert trl_config.refusal(get_objective("dppo"), args) is None
+
+
+def test_epsilon_is_the_objectives_radius_and_refused_where_it_has_none(tmp_path):
+    dppo = trl_config.resolve("dppo", config(tmp_path, epsilon=0.1)).cfg
+    assert (dppo.delta_low, dppo.delta_high) == (0.1, 0.1)
+    grpo = trl_config.resolve("grpo", config(tmp_path, epsilon=0.1)).cfg
+    assert (grpo.eps_low, grpo.eps_high) == (0.1, 0.1)
+    assert trl_config.resolve("drpo", config(tmp_path, epsilon=0.1)).cfg.delta == 0.1
+    assert trl_config.resolve("spo", config(tmp_path, epsilon=0.3)).cfg.eps == 0.3
+    assert trainer_refusal(tmp_path, "pg_is", epsilon=0.3) == (
+        "GRPOConfig.epsilon=0.3: objective pg_is does not read it (no bound TRL sets); leave it at TRL's default 0.2"
+    )
+    assert trainer_refusal(tmp_path, "dppo", epsilon=0.0).startswith(
+        "GRPOConfig.epsilon=0.0: objective dppo cannot take them: objective.delta_low"
+    )
+
+
+def test_epsilon_high_is_the_upper_radius_and_refused_where_there_is_none(tmp_path):
+    dppo = trl_config.resolve("dppo", config(tmp_path, epsilon=0.15, epsilon_high=0.3)).cfg
+    assert (dppo.delta_low, dppo.delta_high) == (0.15, 0.3)
+    minimax = trl_config.resolve("cispo_minimax", config(tmp_path, epsilon_high=5.0)).cfg
+    assert (minimax.eps_low, minimax.eps_high) == (None, 5.0)  # its lower side stays open
+    assert trainer_refusal(tmp_path, "drpo", epsilon_high=0.28) == (
+        "GRPOConfig.epsilon_high=0.28: objective drpo does not read it (delta from epsilon); leave it at TRL's "
+        "default None"
+    )
+    assert trainer_refusal(tmp_path, "mask_neg", epsilon_high=0.28) == (
+        "GRPOConfig.epsilon_high=0.28: objective mask_neg does not read it (delta_low from epsilon); leave it at "
+        "TRL's default None"
+    )
+
+
+def test_delta_is_the_importance_weight_cap(tmp_path):
+    assert trl_config.resolve("dppo", config(tmp_path, delta=5.0)).cfg.is_cap == 5.0
+    assert trl_config.resolve("pg_is", config(tmp_path, delta=2.0)).cfg.is_cap == 2.0
+    assert trl_config.resolve("cispo", config(tmp_path)).cfg.is_cap == 5.0  # delta None: the objective's own cap
+    assert trl_config.resolve("dppo", config(tmp_path)).cfg.is_cap == 1e4
+    assert trainer_refusal(tmp_path, "dppo", delta=0.0).startswith(
+        "GRPOConfig.epsilon=0.2, GRPOConfig.delta=0.0: objective dppo cannot take them: objective.is_cap"
+    )
+
+
+def test_loss_type_is_the_aggregation_mode_or_refused(tmp_path):
+    for loss_type, mode in (
+        ("dr_grpo", "seq-mean-token-sum-norm"),
+        ("grpo", "seq-mean-token-mean"),
+        ("bnpo", "token-mean"),
+    ):
+        assert trl_config.resolve("dppo", config(tmp_path, loss_type=loss_type)).cfg.agg == mode
+    assert trainer_refusal(tmp_path, loss_type="dapo") == (
+        "GRPOConfig.loss_type='dapo': TRL's dapo divides by the tokens of a whole accumulation window, which no "
+        "aggregation mode of objective dppo does; set loss_type to 'dr_grpo' (seq-mean-token-sum-norm), 'grpo' "
+        "(seq-mean-token-mean) or 'bnpo' (token-mean)"
+    )
+    assert trainer_refusal(tmp_path, loss_type="sapo").startswith(
+        "GRPOConfig.loss_type='sapo': TRL's own loss, in place of objective dppo's; set loss_type to 'dr_grpo'"
+    )
+    with pytest.raises(ValueError, match=r"^args: TrustRegionGRPOTrainer needs a GRPOConfig; TRL's default one"):
+        TrustRegionGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=[reward])
+
+
+def test_an_objective_passed_in_must_agree_with_grpoconfig(tmp_path):
+    mine = get_objective("dppo", delta=0.1)
+    assert trl_config.resolve(mine, config(tmp_path, epsilon=0.1)) is mine
+    assert trainer_refusal(tmp_path, mine, epsilon=0.15) == (
+        "GRPOConfig.epsilon=0.15 sets delta_low=0.15 but the objective passed has delta_low=0.1; set epsilon=0.1, "
+        "or pass objective='dppo' by name to take GRPOConfig's values"
+    )
+    assert trainer_refusal(tmp_path, mine, epsilon=0.1, loss_type="bnpo") == (
+        "GRPOConfig.loss_type='bnpo' sets agg='token-mean' but the objective passed has "
+        "agg='seq-mean-token-sum-norm'; set loss_type='dr_grpo', or pass objective='dppo' by name to take "
+        "GRPOConfig's values"
+    )
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl" / "train_trust_region.py"
+
+
+def example_module() -> Any:
+    spec = importlib.util.spec_from_file_location("train_trust_region", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the example's string annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def example_argv(tmp_path: Path, model: str, *extra: str) -> list[str]:
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in PAIRS]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [
+        "--model", model, "--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+        "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", str(TOKENS),
+        "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no", "--seed", "0", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow  # TRL trains the small model one step
+def test_the_trl_example_trains_the_objective_its_config_carries(tmp_path, model_path):
+    example = example_module()
+    trainer = example.main(example_argv(tmp_path, model_path, "--objective", "drpo", "--epsilon", "0.1"))
+    assert isinstance(trainer.args, example.TrustRegionGRPOConfig) and trainer.state.global_step == 1
+    cfg = trainer.trust_region.cfg
+    assert (trainer.trust_region.name, cfg.delta, cfg.agg) == ("drpo", 0.1, "seq-mean-token-sum-norm")
+    args = trainer.args  # the config's defaults: the papers' setting, and nothing the trainer refuses
+    assert (args.loss_type, args.beta, args.scale_rewards, args.vllm_importance_sampling_correction) == (
+        "dr_grpo", 0.0, "none", False,
+    )  # fmt: skip
+
+
+def test_the_trl_example_refuses_what_the_objective_cannot_honour(tmp_path):
+    example = example_module()
+    with pytest.raises(ValueError, match=r"^GRPOConfig.loss_type='dapo': TRL's dapo divides by the tokens"):
+        example.main(example_argv(tmp_path, str(tmp_path / "no-model-here"), "--loss_type", "dapo"))

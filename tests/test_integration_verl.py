@@ -1,15 +1,18 @@
 """The verl adapter (harness/integrations/verl.py), run through verl itself (the verl extra, or `make
 test-integrations`, which runs this file in a verl 0.9.1 environment with the built wheel installed).
 
-verl's own `get_policy_loss_fn(<name>)`, called with verl's own actor config class the way verl's ppo_loss calls it,
-must give our objective's loss and gradient under every aggregation mode, with the values verl's config sets (read
-as verl's built-in losses read them); DPPO's gradient and clip fraction must equal verl's built-in `dppo_tv` /
-`dppo_kl` under the same config (their loss *values* differ by form: verl's is -A w M log pi, ours -A w M,
-objectives.md §1); the mismatch metrics must be verl's rollout_corr ones. Along the path verl's driver and workers
-take, as far as it runs on CPU: verl's own Hydra config, its validate_config (refuses a recompute anchor), its
-apply_bypass_mode on a DataProto, omega_conf_to_dataclass to the worker's actor config, and the worker's
+verl's own `get_policy_loss_fn("tr_<name>")`, called with verl's own actor config class the way verl's ppo_loss
+calls it, must give our objective's loss and gradient under every aggregation mode, with the values verl's config
+sets (read as verl's built-in losses read them); DPPO's gradient and clip fractions must equal verl's built-in
+`dppo_tv` / `dppo_kl` under the same config (their loss *values* differ by form: verl's is -A w M log pi, ours
+-A w M, objectives.md §1); the mismatch metrics must be verl's rollout_corr ones. Along the path verl's driver and
+workers take, as far as it runs on CPU: verl's own Hydra config, its validate_config (each setting our loss cannot
+honour refused in one line; rollout_rs handed to the workers and applied in the loss), its apply_bypass_mode on a
+DataProto, omega_conf_to_dataclass to the worker's actor config, and the worker's
 `verl.workers.utils.losses.ppo_loss` on a tiny Qwen3's log-probs of its own samples, through backward and an
-optimizer step. It stops before verl's FSDP engine, Ray workers and vLLM rollout, which need GPUs.
+optimizer step; and fresh interpreters that import verl alone (the entry point registers `tr_dppo`; a failed
+registration is named by validate_config). It stops before verl's FSDP engine, Ray workers and vLLM rollout, which
+need GPUs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import importlib.util
 import logging
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -54,6 +60,8 @@ EXPECTED = {
     "drpo": {"delta": 0.25},
     "drpo_mask": {"delta": 0.25},
     "drpo_no_absadv": {"delta": 0.25},
+    "gspo": CLIP_FROM_VERL,
+    "cppo": {"delta": 0.25},
 }  # the rest (cispo, pg_is, pg_tis, penalty_*) have no field verl sets: their presets stand
 
 
@@ -122,25 +130,51 @@ def test_registration_names_and_errors(api):
     adapter = api.adapter
     assert sorted({*adapter.REGISTERED.values(), *adapter.SKIPPED}) == sorted(OBJECTIVE_NAMES)
     assert {"dppo_topk_tv", "dppo_topk_kl", "dppo_recompute", "minirl"} <= set(adapter.SKIPPED)
-    # The harness name, and tr_<name>; where verl has its own loss of that name, verl's stays and ours is tr_ only.
-    assert adapter.REGISTERED["dppo"] == adapter.REGISTERED["tr_dppo"] == "dppo"
-    assert api.get_policy_loss_fn("drpo").objective.name == "drpo"
-    for verls in ("dppo_kl", "cispo"):
+    # tr_<name> only: verl's registry keeps its own names, ours never take a short one.
+    assert sorted(adapter.REGISTERED) == sorted(f"tr_{n}" for n in adapter.REGISTERED.values())
+    assert adapter.REGISTERED["tr_dppo"] == "dppo" and api.get_policy_loss_fn("tr_drpo").objective.name == "drpo"
+    for short in ("dppo", "drpo", "grpo", "spo"):
+        with pytest.raises(ValueError, match=f"Unsupported loss mode: {short}"):
+            api.get_policy_loss_fn(short)
+    for verls in ("dppo_kl", "cispo", "gspo"):
         assert not isinstance(api.get_policy_loss_fn(verls), adapter.VerlPolicyLoss), verls
         assert api.get_policy_loss_fn(f"tr_{verls}").objective.name == verls
     with pytest.raises(ValueError, match=r"^objective 'minirl' cannot run as a verl policy loss: anchor=old"):
         adapter.register("minirl")
-    with pytest.raises(ValueError, match="'dppo_tv' is one of verl's own"):
-        adapter.register("dppo", "dppo_tv")
+    with pytest.raises(ValueError, match=r"^verl policy loss 'dppo_x': our losses take 'tr_' names; use 'tr_dppo_x'$"):
+        adapter.register("dppo", "dppo_x")
     # Values verl has no key for are a variant under its own name (what a user registers for a sweep).
     assert adapter.register("penalty_kl", "tr_penalty_kl_b01", beta=0.1) == "tr_penalty_kl_b01"
     assert api.get_policy_loss_fn("tr_penalty_kl_b01").objective.cfg.beta == 0.1
 
 
-def test_verl_version_outside_the_tested_range_is_one_line(api):
+def test_a_newer_verl_warns_once_and_runs_an_older_one_is_refused(api, caplog):
     api.adapter.check_version("0.9.1")
-    with pytest.raises(ImportError, match=r"^verl 0\.10\.0: .*; supported: verl 0\.9\.x; pip install 'verl==0\.9\.1'$"):
+    with caplog.at_level(logging.WARNING, logger="harness.integrations.versions"):
         api.adapter.check_version("0.10.0")
+        api.adapter.check_version("0.10.0")  # once per process
+    assert [r.getMessage() for r in caplog.records] == [
+        "verl 0.10.0 is newer than the tested 0.9.x: running, since the calls the adapter makes are there; if it "
+        "fails, pip install 'verl==0.9.1'"
+    ]
+    with pytest.raises(ImportError, match=r"^verl 0\.8\.5: .*; supported: verl 0\.9\.x; pip install 'verl==0\.9\.1'$"):
+        api.adapter.check_version("0.8.5")
+
+
+def test_a_verl_whose_loss_call_moved_is_refused_in_one_line(api):
+    """A newer verl is refused on the calls the adapter makes: verl 0.9.1 has them all; a policy-loss call shaped
+    like verl's value loss (a real verl function with other parameters) is refused."""
+    from verl.trainer.ppo.core_algos import compute_value_loss
+
+    assert api.adapter.api_problems() == []
+    problems = api.adapter.api_problems(loss_fn=compute_value_loss)
+    assert problems == ["the policy-loss call takes no old_log_prob, log_prob, advantages, config, rollout_is_weights"]
+    with pytest.raises(ImportError) as e:
+        api.adapter.check_api("0.11.0", problems)
+    assert str(e.value) == (
+        "verl 0.11.0: harness.integrations.verl cannot call it (the policy-loss call takes no old_log_prob, log_prob, "
+        "advantages, config, rollout_is_weights); pip install 'verl==0.9.1'"
+    )
 
 
 @pytest.mark.parametrize("name", OBJECTIVE_NAMES)
@@ -168,8 +202,16 @@ def test_verl_runs_our_objective_with_verls_values(api, name):
             torch.testing.assert_close(loss, ref_loss, **TIGHT, msg=f"{name} {mode} loss")
             torch.testing.assert_close(grad, ref_grad, **TIGHT, msg=f"{name} {mode} grad")
             assert grad[~x["response_mask"]].abs().max() == 0  # padding gets no gradient
-    verl_names = {"actor/pg_clipfrac", "actor/ppo_kl", "rollout_corr/kl", "rollout_corr/k3_kl"}
-    assert verl_names | {"rollout_corr/abs_prob_diff_mean", "mismatch/k1", "mismatch/k3"} <= metrics.keys()
+    verl_names = {
+        "actor/pg_clipfrac",
+        "actor/pg_clipfrac_lower",
+        "actor/ppo_kl",
+        "rollout_corr/kl",
+        "rollout_corr/k3_kl",
+    }
+    assert verl_names | {"mismatch/abs_prob_diff_mean", "mismatch/k1", "mismatch/k3"} <= metrics.keys()
+    # ours under our own prefixes (objective/, mismatch/): under verl's, only verl's own names
+    assert {k for k in metrics if k.startswith(("actor/", "rollout_corr/"))} == verl_names
     for key, value in ref_metrics.items():
         torch.testing.assert_close(metrics[key], value, msg=key)
     # verl's denominator (every response token) for verl's name; ours counts over the tokens with A != 0
@@ -182,7 +224,7 @@ def test_verl_runs_our_objective_with_verls_values(api, name):
 @pytest.mark.parametrize("delta", [0.05, 0.15])
 def test_dppo_equals_verls_builtin_under_the_same_config(api, name, verl_name, delta):
     """One verl config, including its clip_ratio_c default of 3 (verl's dppo_tv reads it as the IS cap, and so
-    does ours): the same gradient, the same clip fraction, the same ppo_kl."""
+    does ours): the same gradient, the same clip fractions (pg_clipfrac, pg_clipfrac_lower), the same ppo_kl."""
     x = inputs(seed=1)
     # verl's clip fraction also counts A = 0 tokens its negative-side test fails (they carry no gradient): no
     # such tokens here, so the fractions must agree exactly.
@@ -202,36 +244,39 @@ def test_dppo_equals_verls_builtin_under_the_same_config(api, name, verl_name, d
         verl_metrics["actor/pg_clipfrac"], rel=1e-6
     )  # float32 counts
     assert metrics["actor/ppo_kl"].item() == pytest.approx(verl_metrics["actor/ppo_kl"], rel=1e-12)
+    # kept tokens whose ratio passed the cap, over every response token, as verl's dppo losses count them
+    assert metrics["actor/pg_clipfrac_lower"] > 0
+    assert metrics["actor/pg_clipfrac_lower"].item() == pytest.approx(verl_metrics["actor/pg_clipfrac_lower"], rel=1e-6)
 
 
 def test_mismatch_metrics_are_verls_rollout_corr_ones(api):
     from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
 
     x = inputs(seed=2)
-    _, _, metrics = loss_and_grad(api.get_policy_loss_fn("dppo"), x, config=actor_config(api))
+    _, _, metrics = loss_and_grad(api.get_policy_loss_fn("tr_dppo"), x, config=actor_config(api))
     # verl computes them between its trainer log-probs and the rollout's: here pi (log_prob) and mu (old_log_prob).
     verl = compute_offpolicy_metrics(x["log_prob"], x["old_log_prob"], x["response_mask"])
     assert metrics["rollout_corr/kl"].item() == pytest.approx(verl["kl"], rel=1e-9)
     assert metrics["rollout_corr/k3_kl"].item() == pytest.approx(verl["k3_kl"], rel=1e-9)
     m = x["response_mask"]
     by_hand = (x["log_prob"].exp() - x["old_log_prob"].exp()).abs()[m].mean()
-    assert metrics["rollout_corr/abs_prob_diff_mean"].item() == pytest.approx(float(by_hand), rel=1e-12)
+    assert metrics["mismatch/abs_prob_diff_mean"].item() == pytest.approx(float(by_hand), rel=1e-12)
 
 
 def test_the_first_call_names_a_recompute_and_a_high_mismatch(api, caplog):
     adapter = api.adapter
     x = inputs(seed=3)
     recompute = dict(x, old_log_prob=x["log_prob"].clone())  # mu == pi bit for bit: what a recompute gives
-    fn = adapter.VerlPolicyLoss("dppo", {}, "dppo")
+    fn = adapter.VerlPolicyLoss("dppo", {}, "tr_dppo")
     with caplog.at_level(logging.WARNING, logger=adapter.__name__):
         loss_and_grad(fn, recompute, config=actor_config(api))
         loss_and_grad(fn, x, config=actor_config(api))  # not the first call: no second check
     assert fn.first_call["mu_is_recompute"] is True and fn.first_call["health"]["over"] == []
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["verl policy loss dppo"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["verl policy loss tr_dppo"]
     assert "is a recompute, not the rollout's mu; set algorithm.rollout_correction.bypass_mode=true" in caplog.text
 
     caplog.clear()
-    fn = adapter.VerlPolicyLoss("dppo", {}, "dppo")
+    fn = adapter.VerlPolicyLoss("dppo", {}, "tr_dppo")
     with caplog.at_level(logging.WARNING, logger=adapter.__name__):
         loss_and_grad(fn, x, config=actor_config(api))  # |pi - mu| up to 0.35: far past every limit
     assert fn.first_call["mu_is_recompute"] is False
@@ -256,19 +301,191 @@ BYPASS = "algorithm.rollout_correction.bypass_mode"
 def test_driver_refuses_a_recompute_anchor_in_one_line_before_anything_is_built(api):
     from verl.utils.config import validate_config  # what main_ppo imports: the adapter's guard wraps it
 
-    job = verl_job(**{LOSS: "drpo"})
+    job = verl_job(**{LOSS: "tr_drpo"})
     with pytest.raises(ValueError) as e:
         validate_config(job, use_reference_policy=False, use_critic=False)
     assert str(e.value) == (
-        "actor_rollout_ref.actor.policy_loss.loss_mode=drpo: this objective's trust region is anchored on the "
+        "actor_rollout_ref.actor.policy_loss.loss_mode=tr_drpo: this objective's trust region is anchored on the "
         "rollout's log-probs mu, which verl passes only in bypass mode; set algorithm.rollout_correction."
         "bypass_mode=true (otherwise old_log_prob is the actor's recompute)"
     )
-    job = verl_job(**{LOSS: "drpo", BYPASS: "true", "actor_rollout_ref.rollout.calculate_log_probs": "false"})
+    job = verl_job(**{LOSS: "tr_drpo", BYPASS: "true", "actor_rollout_ref.rollout.calculate_log_probs": "false"})
     with pytest.raises(ValueError, match=r"set actor_rollout_ref\.rollout\.calculate_log_probs=true \("):
         api.adapter.check_config(job)
-    api.adapter.check_config(verl_job(**{LOSS: "drpo", BYPASS: "true"}))
+    api.adapter.check_config(verl_job(**{LOSS: "tr_drpo", BYPASS: "true"}))
     api.adapter.check_config(verl_job(**{LOSS: "vanilla"}))  # verl's own losses: not ours to judge
+
+
+RS = "algorithm.rollout_correction.rollout_rs"
+RS_THRESHOLD = "algorithm.rollout_correction.rollout_rs_threshold"
+ACTOR = "actor_rollout_ref.actor"
+SIZES = {f"{ACTOR}.ppo_micro_batch_size_per_gpu": "2", "actor_rollout_ref.rollout.n": "2"}  # the worker's must-sets
+
+
+def refusal(api, **overrides: str) -> str:
+    """The one line the driver check gives for our tr_dppo (unless `overrides` names another) in bypass mode."""
+    job = verl_job(**{LOSS: "tr_dppo", BYPASS: "true", **overrides})
+    with pytest.raises(ValueError) as e:
+        api.adapter.check_config(job)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_rollout_rs_drops_the_tokens_it_rejects_from_our_loss_as_verls_bypass_loss_does(api):
+    """The driver check hands algorithm.rollout_correction to the workers' actor config; the loss rejects on the
+    policy's log-probs against mu, per micro-batch. token_k1 with '0.5_2.0' keeps a token when
+    log 0.5 <= log(mu/pi) <= log 2; a rejected token leaves the objective's mask and agg_loss's."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    job = verl_job(**{LOSS: "tr_dppo", BYPASS: "true", RS: "token_k1", RS_THRESHOLD: "'0.5_2.0'", **SIZES})
+    api.adapter.check_config(job)
+    actor = omega_conf_to_dataclass(job.actor_rollout_ref.actor)
+    actor.global_batch_info.update(dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None)
+    x = inputs(seed=4)
+    m = x["response_mask"]
+    k1 = x["old_log_prob"] - x["log_prob"]
+    keep = m & (k1 >= math.log(0.5)) & (k1 <= math.log(2.0))
+    assert 0 < keep.sum() < m.sum()
+    loss, grad, metrics = loss_and_grad(api.get_policy_loss_fn("tr_dppo"), x, loss_agg_mode="token-mean", config=actor)
+    verl_defaults = {"delta_low": 0.2, "delta_high": 0.2, "is_cap": 3.0}  # clip_ratio_low/high, clip_ratio_c
+    ref_loss, ref_grad, _ = ours("dppo", dict(x, response_mask=keep), "token-mean", None, **verl_defaults)
+    torch.testing.assert_close(loss, ref_loss, **TIGHT)
+    torch.testing.assert_close(grad, ref_grad, **TIGHT)
+    assert grad[m & ~keep].abs().max() == 0
+    full_loss, _, _ = ours("dppo", x, "token-mean", None, **verl_defaults)
+    assert abs(full_loss - loss) > 1e-3  # the rejection changed what trains
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(float(1 - keep.sum() / m.sum()))
+    # verl's own parser judges the options on the driver: a threshold left out stops the job there.
+    assert refusal(api, **{RS: "token_k1"}) == (
+        "algorithm.rollout_correction.rollout_rs=token_k1 rollout_rs_threshold=None: verl refuses it: "
+        "rollout_rs_threshold must be provided for rejection sampling."
+    )
+
+
+def test_rollout_is_is_refused_since_our_weight_already_is_pi_over_mu(api):
+    assert refusal(api, **{"algorithm.rollout_correction.rollout_is": "token"}) == (
+        "algorithm.rollout_correction.rollout_is=token: objective dppo already weights each token by pi/mu (bypass "
+        "mode: mu is the rollout's), so verl's weight would count it twice (verl's bypass ppo_clip leaves it out "
+        "too); set rollout_is=null"
+    )
+
+
+def test_a_bypass_loss_type_other_than_ppo_clip_is_refused(api):
+    assert refusal(api, **{"algorithm.rollout_correction.loss_type": "reinforce"}) == (
+        "algorithm.rollout_correction.loss_type=reinforce: it picks verl's own bypass loss, and "
+        "actor_rollout_ref.actor.policy_loss.loss_mode=tr_dppo trains objective dppo instead; set loss_type=ppo_clip"
+    )
+
+
+def test_an_entropy_bonus_is_refused_unless_the_job_opts_in(api):
+    assert refusal(api, **{f"{ACTOR}.entropy_coeff": "0.01"}) == (
+        "actor_rollout_ref.actor.entropy_coeff=0.01: verl's ppo_loss would train loss = dppo - 0.01 * entropy "
+        "(aggregated by loss_agg_mode), a term objective dppo does not have; set it to 0, or opt in with "
+        "+trust_region.extra_terms=[entropy]"
+    )
+    api.adapter.check_config(verl_job(**{LOSS: "tr_dppo", BYPASS: "true", f"{ACTOR}.entropy_coeff": "0.01",
+                                         "+trust_region.extra_terms": "[entropy]"}))  # fmt: skip
+    assert refusal(api, **{"+trust_region.extra_terms": "[entropy,bonus]"}) == (
+        "trust_region.extra_terms=['entropy', 'bonus']: 'bonus' is not one of entropy, kl"
+    )
+
+
+def test_a_kl_loss_is_refused_unless_the_job_opts_in(api):
+    assert refusal(api, **{f"{ACTOR}.use_kl_loss": "true"}) == (
+        "actor_rollout_ref.actor.use_kl_loss=true: verl's ppo_loss would train loss = dppo + 0.001 * "
+        "KL_low_var_kl(pi, ref) (aggregated by loss_agg_mode), a term objective dppo does not have; set it to "
+        "false, or opt in with +trust_region.extra_terms=[kl]"
+    )
+    api.adapter.check_config(verl_job(**{LOSS: "tr_dppo", BYPASS: "true", f"{ACTOR}.use_kl_loss": "true",
+                                         "+trust_region.extra_terms": "[kl,entropy]"}))  # fmt: skip
+
+
+def test_a_clip_key_the_objective_does_not_read_is_refused(api):
+    """Changed from verl's default but read by nothing: PG-IS has no bound, DRPO one radius (clip_ratio), DPPO two
+    (clip_ratio_low/high, set by default, so clip_ratio is unread) and a cap; keys of verl's other losses."""
+    assert refusal(api, **{LOSS: "tr_pg_is", f"{ACTOR}.clip_ratio_high": "0.28"}) == (
+        "actor_rollout_ref.actor.clip_ratio_high=0.28: objective pg_is does not read it (no bound verl sets); "
+        "leave it at verl's default 0.2"
+    )
+    assert refusal(api, **{LOSS: "tr_drpo", f"{ACTOR}.clip_ratio_low": "0.1"}) == (
+        "actor_rollout_ref.actor.clip_ratio_low=0.1: objective drpo does not read it (delta from clip_ratio); "
+        "leave it at verl's default 0.2"
+    )
+    assert refusal(api, **{f"{ACTOR}.clip_ratio": "0.15"}) == (
+        "actor_rollout_ref.actor.clip_ratio=0.15: objective dppo does not read it (delta_low from clip_ratio_low, "
+        "delta_high from clip_ratio_high, is_cap from clip_ratio_c); leave it at verl's default 0.2"
+    )
+    assert refusal(api, **{LOSS: "tr_grpo", f"{ACTOR}.clip_ratio_c": "10"}).startswith(
+        "actor_rollout_ref.actor.clip_ratio_c=10: objective grpo does not read it (eps_low from clip_ratio_low"
+    )
+    assert refusal(api, **{f"{ACTOR}.tau_pos": "2.0"}) == (
+        "actor_rollout_ref.actor.tau_pos=2.0: only verl's own losses read it, not objective dppo; leave it at 1.0"
+    )
+    # null sides fall back to clip_ratio (read then), and the open side of mask_neg is read by nothing
+    nulls = {f"{ACTOR}.clip_ratio_low": "null", f"{ACTOR}.clip_ratio_high": "null"}
+    api.adapter.check_config(verl_job(**{LOSS: "tr_dppo", BYPASS: "true", f"{ACTOR}.clip_ratio": "0.15", **nulls}))
+    assert refusal(api, **{LOSS: "tr_mask_neg", f"{ACTOR}.clip_ratio_high": "0.3"}).startswith(
+        "actor_rollout_ref.actor.clip_ratio_high=0.3: objective mask_neg does not read it (delta_low from"
+    )
+
+
+def test_verl_values_the_objective_cannot_take_are_refused_on_the_driver(api):
+    line = refusal(api, **{f"{ACTOR}.clip_ratio_low": "0.0"})
+    assert line.startswith(
+        "actor_rollout_ref.actor.clip_ratio_low=0.0, actor_rollout_ref.actor.clip_ratio_high=0.2, "
+        "actor_rollout_ref.actor.clip_ratio_c=3.0: objective dppo cannot take them: objective.delta_low"
+    ), line
+
+
+def python_alone(code: str, cwd) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter of this venv that imports nothing of ours itself (no VERL_USE_EXTERNAL_*)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@pytest.mark.slow  # a fresh interpreter imports verl
+def test_importing_verl_alone_registers_our_losses_through_the_entry_point(tmp_path):
+    out = python_alone(
+        "import sys, verl\n"
+        "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
+        "print(sorted(k for k in R if k.startswith('tr_')))\n"
+        "print('dppo' in R, 'drpo' in R, type(R['dppo_tv']).__module__)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('harness.integrations')))\n",
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    names, short, modules = out.stdout.splitlines()
+    assert {"tr_dppo", "tr_drpo", "tr_dppo_kl", "tr_grpo"} <= set(eval(names)), names
+    assert short == "False False builtins"  # no short names of ours; verl's dppo_tv is verl's own function
+    assert "harness.integrations.verl_plugin" in eval(modules)
+
+
+@pytest.mark.slow  # a fresh interpreter imports verl
+def test_a_registration_failure_stops_verls_driver_naming_the_error(tmp_path):
+    out = python_alone(
+        "import sys, os\n"
+        "sys.modules['harness.health'] = None  # an import the adapter needs fails\n"
+        "import verl\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from verl.utils.config import validate_config\n"
+        "config = os.path.join(os.path.dirname(verl.__file__), 'trainer', 'config')\n"
+        "with initialize_config_dir(config, version_base=None):\n"
+        f"    job = compose('ppo_trainer', overrides=['{LOSS}=tr_dppo', '{BYPASS}=true'])\n"
+        "try:\n"
+        "    validate_config(job, use_reference_policy=False, use_critic=False)\n"
+        "except ImportError as e:\n"
+        "    print(e)\n",
+        tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=tr_dppo: trust-region-harness could not register its verl "
+        "losses (ModuleNotFoundError: import of harness.health halted; None in sys.modules); `python -c 'import "
+        "harness.integrations.verl'` shows the traceback"
+    ]
+    assert "trust-region-harness: our verl losses (tr_*) are not registered: ModuleNotFoundError" in out.stderr
 
 
 def test_a_worker_trains_our_loss_on_a_tiny_model_in_bypass_mode(api):
@@ -289,7 +506,7 @@ def test_a_worker_trains_our_loss_on_a_tiny_model_in_bypass_mode(api):
     assert job.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"  # verl's behaviour for its own
 
     job = verl_job(**{
-        LOSS: "dppo", BYPASS: "true", "actor_rollout_ref.actor.clip_ratio_low": "0.15",
+        LOSS: "tr_dppo", BYPASS: "true", "actor_rollout_ref.actor.clip_ratio_low": "0.15",
         "actor_rollout_ref.actor.clip_ratio_high": "0.15", "actor_rollout_ref.actor.clip_ratio_c": "10000",
         "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
         "actor_rollout_ref.actor.loss_scale_factor": "6", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "4",
@@ -314,11 +531,11 @@ def test_a_worker_trains_our_loss_on_a_tiny_model_in_bypass_mode(api):
 
     batch = DataProto.from_dict({"rollout_log_probs": rollout_logp, "old_log_probs": torch.zeros(B, R)})
     apply_bypass_mode(batch, job.algorithm.rollout_correction, job.actor_rollout_ref.actor.policy_loss)
-    assert job.actor_rollout_ref.actor.policy_loss.loss_mode == "dppo"
+    assert job.actor_rollout_ref.actor.policy_loss.loss_mode == "tr_dppo"
     assert torch.equal(batch.batch["old_log_probs"], rollout_logp)
 
     actor = omega_conf_to_dataclass(job.actor_rollout_ref.actor)
-    assert (actor.policy_loss.loss_mode, actor.clip_ratio_low, actor.clip_ratio_c) == ("dppo", 0.15, 10000.0)
+    assert (actor.policy_loss.loss_mode, actor.clip_ratio_low, actor.clip_ratio_c) == ("tr_dppo", 0.15, 10000.0)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(B, R).clone()
     mask = torch.ones(B, R)
     data = TensorDict({
@@ -346,3 +563,24 @@ def test_a_worker_trains_our_loss_on_a_tiny_model_in_bypass_mode(api):
     moved = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
     assert "lm_head.weight" in moved or "model.embed_tokens.weight" in moved
     assert len(moved) >= len(before) // 2
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "verl" / "run_qwen3-1.7b_trust_region.sh"
+
+
+@pytest.mark.parametrize("loss_mode", ["tr_dppo", "tr_drpo", "dppo_tv"])
+def test_the_verl_example_job_passes_verls_validate_config(api, loss_mode):
+    """examples/verl's overrides compose into verl's own config, which verl's validate_config (our checks first)
+    accepts; our losses then train the values the example means (DPPO 0.15 both sides, uncapped; DRPO 0.15)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    env = dict(os.environ, PRINT_OVERRIDES="1", LOSS_MODE=loss_mode)
+    out = subprocess.run(["bash", str(EXAMPLE)], env=env, capture_output=True, text=True, check=True, timeout=60)
+    job = verl_job(**dict(line.split("=", 1) for line in out.stdout.splitlines()))
+    validate_config(job, use_reference_policy=need_reference_policy(job), use_critic=need_critic(job))
+    assert job.actor_rollout_ref.actor.policy_loss.loss_mode == loss_mode
+    fn = api.adapter.ours(loss_mode)
+    if fn is not None:
+        expected = {"tr_dppo": {"delta_low": 0.15, "delta_high": 0.15, "is_cap": 10000.0}, "tr_drpo": {"delta": 0.15}}
+        assert fn.resolve(job.actor_rollout_ref.actor)[1] == expected[loss_mode]

@@ -78,7 +78,7 @@ def test_wheel_installs_with_every_preset(tmp_path):
         meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
     # `import verl` loads the "verl.plugins" group: installed beside verl, our losses are registered everywhere.
-    assert "[verl.plugins]\ntrust_region_harness = harness.integrations.verl" in entry_points, entry_points
+    assert "[verl.plugins]\ntrust_region_harness = harness.integrations.verl_plugin" in entry_points, entry_points
     requires = [line.removeprefix("Requires-Dist: ") for line in meta.splitlines() if line.startswith("Requires-Dist")]
     core = [r for r in requires if "extra ==" not in r]
     assert {_name(r) for r in core} == {"torch", "numpy", "omegaconf"}, core

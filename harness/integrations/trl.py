@@ -3,8 +3,9 @@
     from trl import GRPOConfig
     from harness.integrations.trl import TrustRegionGRPOTrainer
 
-    trainer = TrustRegionGRPOTrainer(model=path, reward_funcs=[reward], args=GRPOConfig(...), train_dataset=data,
-                                     objective="dppo")  # a name in OBJECTIVE_NAMES, or get_objective(name, **overrides)
+    trainer = TrustRegionGRPOTrainer(model=path, reward_funcs=[reward], train_dataset=data, objective="dppo",
+                                     args=GRPOConfig(..., loss_type="dr_grpo", epsilon=0.15))
+    # objective: a name in OBJECTIVE_NAMES (its bounds from GRPOConfig), or get_objective(name, **overrides)
     trainer.train()
 
 TRL still generates, scores, computes advantages and batches; only `_compute_loss` is replaced. How one TRL
@@ -24,12 +25,14 @@ micro-batch maps onto the objective's tensors:
 
 The loss is `aggregate(loss_mat, mask, objective.agg, horizon)`, horizon = max_completion_length unless given,
 divided by the gradient-accumulation steps as TRL's bnpo/dr_grpo losses are (each micro-batch counts 1/GA).
-TRL's own loss settings (loss_type, epsilon, epsilon_high, delta, and the vLLM importance-sampling ratio) are not
-used: the objective's importance weight is already pi/mu. Settings that would add a term this loss leaves out are
-refused in one line, as are `use_liger_kernel=True` (TRL's Liger path never calls `_compute_loss`), vLLM sampling
-settings that bias mu (top_p < 1, top_k, min_p, repetition_penalty; `allow_biased_sampling=True` accepts them) and
-a TRL outside the tested range (TRL_SUPPORTED). The objective's metrics (objective/masked_frac, ...) are logged
-beside TRL's, and under TRL's names where TRL has one (clip_ratio/region_mean, _low_mean, _high_mean).
+TRL's loss settings act on the objective or are refused, before any model is built (harness.integrations.
+trl_config): epsilon, epsilon_high and delta are its bounds, loss_type its aggregation mode, and the vLLM
+importance-sampling correction is refused (the objective's weight already is pi/mu). Settings that would add a term
+this loss leaves out are refused in one line, as are `use_liger_kernel=True` (TRL's Liger path never calls
+`_compute_loss`), vLLM sampling settings that bias mu (top_p < 1, top_k, min_p, repetition_penalty;
+`allow_biased_sampling=True` accepts them) and a TRL outside the tested range (TRL_SUPPORTED). The objective's
+metrics (objective/masked_frac, ...) are logged beside TRL's, and under TRL's names where TRL has one
+(clip_ratio/region_mean, _low_mean, _high_mean).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from harness import health
+from harness.integrations import trl_config
 from harness.integrations.versions import require
 from harness.objectives import Objective, aggregate, get_objective
 
@@ -156,12 +160,11 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         check_version(trl.__version__)
-        # Not `self.objective`: transformers' Trainer writes that attribute during hyper-parameter search.
-        self.trust_region = get_objective(objective) if isinstance(objective, str) else objective
-        cfg = self.trust_region.cfg
+        named = get_objective(objective) if isinstance(objective, str) else objective
+        cfg = named.cfg
         if cfg.needs_topk or cfg.topk > 1:
             raise ValueError(
-                f"objective '{self.trust_region.name}' needs the rollout's top-{cfg.topk} log-probs, which TRL's "
+                f"objective '{named.name}' needs the rollout's top-{cfg.topk} log-probs, which TRL's "
                 "GRPOTrainer does not pass to its loss (it keeps only the sampled token's); use a binary objective "
                 "such as dppo or dppo_kl"
             )
@@ -170,8 +173,18 @@ class TrustRegionGRPOTrainer(GRPOTrainer):
                 f"horizon: must be a positive token count (the constant of seq-mean-token-sum-norm), got {horizon}"
             )
         given = kwargs.get("args", args[2] if len(args) > 2 else None)
-        if given is not None:  # before GRPOTrainer starts an engine or asks for Liger
-            _check_sampling(given, allow_biased_sampling)
+        if given is None:
+            raise ValueError(
+                f"args: TrustRegionGRPOTrainer needs a GRPOConfig; TRL's default one (loss_type='dapo') has no "
+                f"aggregation mode of objective {named.name}: pass args=GRPOConfig(..., loss_type='dr_grpo')"
+            )
+        # Before GRPOTrainer builds the model, starts an engine or asks for Liger.
+        _check_sampling(given, allow_biased_sampling)
+        refused = _refused(given, aux_loss=False)
+        if refused:
+            raise ValueError(refused)
+        # Not `self.objective`: transformers' Trainer writes that attribute during hyper-parameter search.
+        self.trust_region = trl_config.resolve(objective, given)
         super().__init__(*args, **kwargs)
         refused = _refused(self.args, self.aux_loss_enabled)
         if refused:
