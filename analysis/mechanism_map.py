@@ -36,6 +36,7 @@ DEFAULT_MAP = ROOT / "findings" / "map" / "mechanism.yaml"
 KINDS = ("candidate", "staleness", "negative")
 ARMS = ("none", "tr")
 OFF = "off"  # the dose-off cell's name
+CUT = "cut by the budget"  # a model's status when the preregistered budget left its conclusion cells out
 ROW_KEYS = ("phase", "model", "dose", "arm", "seed")
 
 
@@ -428,7 +429,25 @@ def decide_half(off: pd.DataFrame, on: pd.DataFrame) -> dict[str, Any]:
         "broke": {
             f"{c}_{a}": int(f[f["arm"] == a]["broke"].sum()) for c, f in (("off", off), ("on", on)) for a in ARMS
         },
+        "cells": {f"{c}_{a}": cell_summary(f[f["arm"] == a]) for c, f in (("off", off), ("on", on)) for a in ARMS},
     }  # fmt: skip
+
+
+CELL_COLUMNS = (
+    "step1_mismatch", "late_mismatch", "mismatch_slope", "late_entropy", "early_masked", "late_masked",
+    "early_bad_update", "late_bad_update",
+)  # fmt: skip
+
+
+def cell_summary(f: pd.DataFrame) -> dict[str, float]:
+    """One cell of a half's 2 x 2: its seeds, final held-out mean and s.d., breaks, and the mechanism's measures
+    (means over its runs)."""
+    final = f["final_eval"].dropna().to_numpy(float)
+    out = {
+        "n": len(final), "final_mean": float(final.mean()) if len(final) else math.nan,
+        "final_sd": float(final.std(ddof=1)) if len(final) > 1 else math.nan, "broke": int(f["broke"].sum()),
+    }  # fmt: skip
+    return out | {c: float(pd.to_numeric(f[c], errors="coerce").mean()) if c in f else math.nan for c in CELL_COLUMNS}
 
 
 def conclude(m: MapFile, rows: pd.DataFrame, chosen: dict[str, str | None]) -> dict[str, Any]:
@@ -477,11 +496,17 @@ def verdict_line(name: str, e: dict[str, Any]) -> str:
         return f"- **{name}** ({e['label']}): not calibrated here: no dose met the calibration rule; no conclusion runs"
     if e["status"] == "screening incomplete":
         return f"- **{name}** ({e['label']}): screening incomplete: its dose is not chosen yet"
+    if e["status"] == CUT:
+        return (
+            f"- **{name}** at {e['dose']} ({e['label']}): not concluded: cut by the budget the map file fixed before "
+            "its runs (models cut from the end of its order); its dose-on cells were never run"
+        )
     parts = []
     for h, v in e["halves"].items():
-        i, g = v["interaction"], v["mismatch_growth"]
+        i, g, share = v["interaction"], v["mismatch_growth"], v["recovered_share"]
+        recovered = f"recovered {share:.2f} of" if np.isfinite(share) else "nothing to recover: the dose's"
         parts.append(
-            f"half {h}: interaction {i[0]:+.3f} [{i[1]:+.3f}, {i[2]:+.3f}], recovered {v['recovered_share']:.2f} of "
+            f"half {h}: interaction {i[0]:+.3f} [{i[1]:+.3f}, {i[2]:+.3f}], {recovered} "
             f"harm {v['harm'][0]:+.3f}, PG-IS extra mismatch growth {g[0]:+.4f} [{g[1]:+.4f}, {g[2]:+.4f}] "
             f"({'/'.join(k for k, ok in v['checks'].items() if ok) or 'none of the three'})"
         )
@@ -499,6 +524,51 @@ def verdict_line(name: str, e: dict[str, Any]) -> str:
     return f"- **{name}** at {e['dose']} ({e['label']}): {head}; " + "; ".join(parts)
 
 
+def summary_line(m: MapFile, verdicts: dict[str, Any]) -> str:
+    """Which candidates are positive controls; if none, that is the result, with what was tried."""
+    decided = [n for n, e in verdicts.items() if e["status"] == "decided" and m.models[n]["kind"] == "candidate"]
+    positive = [n for n in decided if verdicts[n]["positive_control"]]
+    if len(decided) < sum(m.models[n]["kind"] == "candidate" for n in verdicts) - sum(
+        verdicts[n]["status"] in (CUT, "not calibrated here") for n in verdicts
+    ):
+        return "The map is not complete: the lines above say which cells are missing."
+    if positive:
+        return f"Positive controls for the mechanism here: {', '.join(positive)} (both halves, all three criteria)."
+    tried = "; ".join(
+        f"{n} ({verdicts[n]['dose'] or 'no calibrated dose'}: {verdicts[n]['status']})"
+        for n in verdicts if m.models[n]["kind"] == "candidate"
+    )  # fmt: skip
+    return (
+        "**No model is a positive control for the trust-region mechanism on this testbed** at the doses the "
+        f"calibration rule chose. Tried: {tried}. A claim that needs one is *not testable here*."
+    )
+
+
+def cell_table(verdicts: dict[str, Any]) -> list[str]:
+    """Every concluded model's 2 x 2, half by half: the cells' numbers the criteria rest on, and the mechanism's."""
+    lines = [
+        "## Every cell of the conclusions (both halves)",
+        "",
+        "Final held-out accuracy mean (s.d.), breaks, and the mechanism's measures as means over the cell's runs: "
+        "step-1 and last-quarter mean |pi - mu|, its within-run slope per step, last-quarter entropy, DPPO-TV's "
+        "masked share and the bad-update share (first / last quarter).",
+        "",
+        "| model | half | cell | seeds | final held-out | broke | step-1 / late \\|pi-mu\\| | slope | late entropy "
+        "| masked first / last | bad updates first / last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in verdicts.items():
+        for h, v in e.get("halves", {}).items() if e["status"] == "decided" else ():
+            for cell, c in v["cells"].items():
+                lines.append(
+                    f"| {name} | {h} | {cell.replace('_', ' / ')} | {c['n']} | {c['final_mean']:.3f} "
+                    f"({c['final_sd']:.3f}) | {c['broke']} | {c['step1_mismatch']:.4f} / {c['late_mismatch']:.4f} | "
+                    f"{c['mismatch_slope']:+.1e} | {c['late_entropy']:.3f} | {c['early_masked']:.4f} / "
+                    f"{c['late_masked']:.4f} | {c['early_bad_update']:.4f} / {c['late_bad_update']:.4f} |"
+                )
+    return [*lines, ""]
+
+
 # --- the report --------------------------------------------------------------------------------------------------
 
 PAPERS = (
@@ -513,6 +583,8 @@ def report(m: MapFile, folder: Path) -> dict[str, Any]:
     rows = read_rows(folder / "runs.csv")
     cal, chosen = calibration(m, rows)
     verdicts = conclude(m, rows, chosen)
+    for name in budget_cut(m, m.conclusions(chosen))[1] if all(screened(m, rows, n) for n in m.models) else []:
+        verdicts[name].update(status=CUT, positive_control=False)
     wall = rows.loc[rows.get("status", pd.Series(dtype=str)) == "completed", "wall_s"] if len(rows) else []
     doc = {
         "map": str(m.path.relative_to(ROOT)) if m.path.is_relative_to(ROOT) else str(m.path),
@@ -532,6 +604,9 @@ def report(m: MapFile, folder: Path) -> dict[str, Any]:
         "",
         *[verdict_line(n, e) for n, e in verdicts.items()],
         "",
+        summary_line(m, verdicts),
+        "",
+        *cell_table(verdicts),
         "## Screening: each dose's calibration (screening seeds; no conclusion reads these)",
         "",
         PAPERS,

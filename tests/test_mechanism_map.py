@@ -245,7 +245,8 @@ conditions:
   C: {condition}
 claims:
   - {{id: 1, claim: x, paper: y, condition: C,
-     parts: [{{a: a, b: b, metric: final_eval, rule: {{kind: greater, margin: 0.02}}}}]}}
+     parts: [{{a: a, b: b, metric: final_eval, rule: {{kind: greater, margin: 0.02}}, quote: q,
+               power: {{seeds: 2, power: 0.8}}}}]}}
 """
 
 
