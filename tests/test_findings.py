@@ -752,7 +752,8 @@ def test_a_claim_without_a_positive_control_is_not_testable_here_never_negative(
     path.write_text(yaml.safe_dump(suite))
     one = report(path)["by_id"][1]
     assert one["verdict"] == NOT_TESTABLE and [p["verdict"] for p in one["parts"]] == [NOT_TESTABLE]
-    assert one["parts"][0]["verdict_alone"] == OPPOSITE  # what the interval alone said stays on record
+    # Its arms run nothing (b is no other claim's arm): the part reads no seed of b, so no interval decides it.
+    assert one["parts"][0]["verdict_alone"] == INCONCLUSIVE and one["parts"][0]["seeds"] == [3, 0]
     assert one["condition"] == "W: W4A4 rollouts, 4 updates per rollout" and one["positive_control"] is False
     md = (tmp_path / "FINDINGS.md").read_text()
     assert "positive control there: no: every part is not testable here" in md
