@@ -526,17 +526,15 @@ def verdict_line(name: str, e: dict[str, Any]) -> str:
 
 def summary_line(m: MapFile, verdicts: dict[str, Any]) -> str:
     """Which candidates are positive controls; if none, that is the result, with what was tried."""
-    decided = [n for n, e in verdicts.items() if e["status"] == "decided" and m.models[n]["kind"] == "candidate"]
-    positive = [n for n in decided if verdicts[n]["positive_control"]]
-    if len(decided) < sum(m.models[n]["kind"] == "candidate" for n in verdicts) - sum(
-        verdicts[n]["status"] in (CUT, "not calibrated here") for n in verdicts
-    ):
+    candidates = [n for n in verdicts if m.models[n]["kind"] == "candidate"]
+    if any(verdicts[n]["status"] not in ("decided", CUT, "not calibrated here") for n in candidates):
         return "The map is not complete: the lines above say which cells are missing."
+    positive = [n for n in candidates if verdicts[n]["status"] == "decided" and verdicts[n]["positive_control"]]
     if positive:
         return f"Positive controls for the mechanism here: {', '.join(positive)} (both halves, all three criteria)."
     tried = "; ".join(
         f"{n} ({verdicts[n]['dose'] or 'no calibrated dose'}: {verdicts[n]['status']})"
-        for n in verdicts if m.models[n]["kind"] == "candidate"
+        for n in candidates
     )  # fmt: skip
     return (
         "**No model is a positive control for the trust-region mechanism on this testbed** at the doses the "

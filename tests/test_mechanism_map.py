@@ -312,3 +312,20 @@ def test_a_model_on_another_setting_brings_its_own_dose_off_cell(tmp_path) -> No
         raw["models"]["other"]["dose_of"] = []
         (tmp_path / "m.yaml").write_text(yaml.safe_dump(raw))
         MapFile(tmp_path / "m.yaml")
+
+
+def test_the_summary_line_counts_only_candidates() -> None:
+    """A cut staleness cell or the negative control never makes the map read as incomplete or as concluded: only
+    the candidates' statuses decide the closing line."""
+    from analysis.mechanism_map import CUT, summary_line
+
+    m = MapFile(DEFAULT_MAP)
+    kinds = {n: s["kind"] for n, s in m.models.items()}
+    verdicts = {n: {"status": "decided", "positive_control": False, "dose": "d"} for n in kinds}
+    verdicts["staleness_only"]["status"] = CUT
+    assert summary_line(m, verdicts).startswith("**No model is a positive control")
+    one = next(n for n, k in kinds.items() if k == "candidate")
+    assert summary_line(m, {**verdicts, one: {**verdicts[one], "positive_control": True}}).startswith(
+        f"Positive controls for the mechanism here: {one}"
+    )
+    assert "not complete" in summary_line(m, {**verdicts, one: {**verdicts[one], "status": "incomplete"}})
