@@ -36,6 +36,10 @@ DEFAULT_MAP = ROOT / "findings" / "map" / "mechanism.yaml"
 KINDS = ("candidate", "staleness", "negative")
 ARMS = ("none", "tr")
 OFF = "off"  # the dose-off cell's name
+BEYOND = (
+    "run beyond the budget: the map's first code ran the staleness-only cell last, against the file's order, so "
+    "this model's cells ran and that cell's were cut; it was run afterwards on the same seeds and rules"
+)
 CUT = "cut by the budget"  # a model's status when the preregistered budget left its conclusion cells out
 ROW_KEYS = ("phase", "model", "dose", "arm", "seed")
 
@@ -173,10 +177,11 @@ class MapFile:
         return out
 
     def conclusions(self, chosen: dict[str, str | None]) -> list[Planned]:
-        """The conclusion cells in budget order (dose off, negative control, candidates, staleness), seed by seed
-        within each cell so a map cut short keeps whole halves of the cells it reached."""
+        """The conclusion cells in the map file's budget order (dose off, staleness-only, negative control, then the
+        candidates as listed), seed by seed within each cell so a map cut short keeps whole halves of the cells it
+        reached."""
         order = [OFF] + [
-            n for k in ("negative", "candidate", "staleness") for n, s in self.models.items() if s["kind"] == k
+            n for k in ("staleness", "negative", "candidate") for n, s in self.models.items() if s["kind"] == k
         ]
         out = []
         for name in order:
@@ -521,6 +526,8 @@ def verdict_line(name: str, e: dict[str, Any]) -> str:
         head = "a positive control for the mechanism" if e["positive_control"] else "not a positive control"
         if e.get("withheld"):
             head += f" (withheld: {e['withheld']})"
+    if e.get("beyond_budget"):
+        head += f" ({e['beyond_budget']})"
     return f"- **{name}** at {e['dose']} ({e['label']}): {head}; " + "; ".join(parts)
 
 
@@ -582,7 +589,12 @@ def report(m: MapFile, folder: Path) -> dict[str, Any]:
     cal, chosen = calibration(m, rows)
     verdicts = conclude(m, rows, chosen)
     for name in budget_cut(m, m.conclusions(chosen))[1] if all(screened(m, rows, n) for n in m.models) else []:
-        verdicts[name].update(status=CUT, positive_control=False)
+        if verdicts[name]["status"] == "decided":
+            # Map version 1's code ran its cells in another order than its file states, so a model the file's order
+            # cuts may have all its runs: its verdict stands (the rules never read the order) and says so.
+            verdicts[name]["beyond_budget"] = BEYOND
+        else:
+            verdicts[name].update(status=CUT, positive_control=False)
     wall = rows.loc[rows.get("status", pd.Series(dtype=str)) == "completed", "wall_s"] if len(rows) else []
     doc = {
         "map": str(m.path.relative_to(ROOT)) if m.path.is_relative_to(ROOT) else str(m.path),

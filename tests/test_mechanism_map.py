@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -150,12 +151,13 @@ def test_the_budget_cuts_from_the_end_of_the_order_never_seeds() -> None:
     m = MapFile(DEFAULT_MAP)
     chosen = {"fixed_scales": "w4a4_fixed", "truncation": "topk5", "stale_engine": "sync2", "staleness_only": "mb8",
               "noise": "noise_1"}  # fmt: skip
-    # 180 - 40 screening runs x 0.9 = 144 min; each cell pair is 16 seeds x 2 arms x 0.9 = 28.8 min: the dose-off
-    # cell, the noise and the three candidates leave 0 min, less than the staleness-only cell needs.
+    # 180 - 40 screening runs x 0.9 = 144 min; each cell pair is 16 seeds x 2 arms x 0.9 = 28.8 min. The file's
+    # order is dose off, staleness-only, noise, then the candidates as listed: the first two candidates leave 0 min,
+    # less than the third (stale_engine) needs.
     plan, cut = budget_cut(m, m.conclusions(chosen))
     assert len(m.screening()) == 40
-    assert cut == ["staleness_only"] and len(plan) == 5 * 32
-    assert all(sum(p.model == name for p in plan) == 32 for name in ("off", "noise", "fixed_scales"))
+    assert cut == ["stale_engine"] and len(plan) == 5 * 32
+    assert [p.model for p in plan][::32] == ["off", "staleness_only", "noise", "fixed_scales", "truncation"]
 
 
 def test_negative_control_that_shows_a_criterion_withholds_every_positive_control(tmp_path) -> None:
@@ -329,3 +331,18 @@ def test_the_summary_line_counts_only_candidates() -> None:
         f"Positive controls for the mechanism here: {one}"
     )
     assert "not complete" in summary_line(m, {**verdicts, one: {**verdicts[one], "status": "incomplete"}})
+
+
+def test_a_model_the_file_order_cuts_but_that_ran_keeps_its_verdict_and_says_so(tmp_path) -> None:
+    """Map version 1's first code ran stale_engine before the staleness-only cell (against the file's order): on
+    the recorded rows its verdict stands, labelled as run beyond the budget, never hidden as cut."""
+    from analysis.mechanism_map import BEYOND, report
+
+    shutil.copy(DEFAULT_MAP, tmp_path / "mechanism.yaml")
+    (tmp_path / "mechanism").mkdir()
+    shutil.copy(DEFAULT_MAP.parent / "mechanism" / "runs.csv", tmp_path / "mechanism" / "runs.csv")
+    doc = report(MapFile(tmp_path / "mechanism.yaml"), tmp_path / "mechanism")
+    stale = doc["models"]["stale_engine"]
+    assert stale["status"] == "decided" and stale["beyond_budget"] == BEYOND
+    assert set(stale["halves"]) == {"A", "B"}
+    assert BEYOND in (tmp_path / "MECHANISM.md").read_text()
