@@ -483,6 +483,13 @@ def conclude(m: MapFile, rows: pd.DataFrame, chosen: dict[str, str | None]) -> d
         entry["halves"] = halves
         entry["status"] = "decided" if complete else "incomplete"
         entry["positive_control"] = complete and all(v["positive_control"] for v in halves.values())
+        if spec["kind"] == "staleness":
+            # (iii) reads 0 by construction here (mu = pi before every rollout), so the cell is a control for
+            # staleness, not for mismatch: (i) and (ii) in both halves. Suite v8's claims on the form of a trust
+            # region read this (written before the cell's runs finished, 2026-12-07 22:35).
+            entry["staleness_control"] = complete and all(
+                v["checks"]["interaction"] and v["checks"]["recovered"] for v in halves.values()
+            )
         entry["shows_any"] = any(any(v["checks"].values()) for v in halves.values())
         out[name] = entry
     neg = next(n for n, s in m.models.items() if s["kind"] == "negative")
@@ -522,6 +529,12 @@ def verdict_line(name: str, e: dict[str, Any]) -> str:
         return f"- **{name}** at {e['dose']} ({e['label']}): incomplete, runs recorded per cell: {got}"
     elif e["kind"] == "negative":
         head = "clean: shows none of the three" if e.get("clean") else "NOT clean: shows a criterion"
+    elif e["kind"] == "staleness":
+        head = (
+            "a control for staleness: interaction and recovered share in both halves"
+            if e.get("staleness_control")
+            else "not a control for staleness (interaction and recovered share do not both hold in both halves)"
+        )
     else:
         head = "a positive control for the mechanism" if e["positive_control"] else "not a positive control"
         if e.get("withheld"):

@@ -193,11 +193,19 @@ def _computed_controls(path: Path, raw: dict[str, Any], suite: Suite) -> None:
             raise SystemExit(
                 f"{where}: conditions.{name}.control: {model!r} is not a model of {source.name} ({', '.join(models)})"
             )
-        cond["positive_control"] = bool(models[model].get("positive_control", False))
-        cond["evidence"] = cond.get("evidence") or f"{source.name}: {model} ({models[model].get('status')})"
+        # The staleness-only cell controls for staleness, never for the mismatch: its computed field is its own.
+        cond["control_kind"] = models[model].get("kind", "candidate")
+        key = "staleness_control" if cond["control_kind"] == "staleness" else "positive_control"
+        cond["positive_control"] = bool(models[model].get(key, False))
+        cond["evidence"] = cond.get("evidence") or f"{source.name}: {model} ({models[model].get('status')}, `{key}`)"
     for claim in suite.claims:
         cond = suite.conditions.get(str(claim.get("condition")))
         if cond is not None and "control" in cond:
+            if cond["control_kind"] == "staleness" and claim.get("id") in suite_checks.MISMATCH_CLAIMS:
+                raise SystemExit(
+                    f"{where}: claim {claim.get('id')} is about the mismatch; condition {claim.get('condition')!r} "
+                    f"rests on the staleness-only cell ({cond['control']}); allowed: a mismatch model of the map"
+                )
             claim["positive_control"] = cond["positive_control"]
 
 

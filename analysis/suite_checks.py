@@ -16,6 +16,9 @@ from typing import Any
 from analysis.run_metrics import METRICS
 from analysis.verdicts import Rule
 
+# The papers' claims about the mismatch itself (papers.md numbering: PG-IS collapses as mu drifts, the anchor of the
+# mask, DRPO under mismatch): they need a mismatch model's positive control; a staleness control does not do.
+MISMATCH_CLAIMS = (1, 2, 8)
 POWER_KEYS = ("seeds", "power")  # at least: the seeds per arm it gave, and the power it was computed for
 
 

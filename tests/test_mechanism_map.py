@@ -27,6 +27,7 @@ from analysis.mechanism_map import (
     read_rows,
     recorded,
     run_record,
+    verdict_line,
     write_row,
 )
 from analysis.suite import Suite
@@ -346,3 +347,33 @@ def test_a_model_the_file_order_cuts_but_that_ran_keeps_its_verdict_and_says_so(
     assert stale["status"] == "decided" and stale["beyond_budget"] == BEYOND
     assert set(stale["halves"]) == {"A", "B"}
     assert BEYOND in (tmp_path / "MECHANISM.md").read_text()
+
+
+def test_the_staleness_cell_is_a_control_for_staleness_only_when_both_halves_show_i_and_ii() -> None:
+    """(iii) reads 0 there by construction; the staleness control is (i) and (ii) in both halves, and never a
+    positive control for the mismatch mechanism."""
+    m = MapFile(DEFAULT_MAP)
+    chosen = {"fixed_scales": None, "truncation": None, "stale_engine": None, "staleness_only": "mb8",
+              "noise": None, "moe_router": None}  # fmt: skip
+
+    def rows(tr_on: list[float]) -> pd.DataFrame:
+        out = []
+        for i, seed in enumerate(m.seeds):
+            for model, dose, none_v, tr_v in (("off", "off", 0.30, 0.30), ("staleness_only", "mb8", 0.10, tr_on[i])):
+                for arm, v in (("none", none_v), ("tr", tr_v)):
+                    out.append({
+                        "phase": "conclude", "model": model, "dose": dose, "arm": arm, "seed": seed,
+                        "status": "completed", "final_eval": v + 0.002 * (i % 8), "broke": 0.0, "early_mismatch": 0.0,
+                        "late_mismatch": 0.0, "late_entropy": 0.3 + 0.01 * i,
+                    })  # fmt: skip
+        return pd.DataFrame(out)
+
+    # DPPO-TV recovers 0.18 of the 0.20 the extra updates cost PG-IS, in both halves.
+    both = conclude(m, rows([0.28] * 16), chosen)["staleness_only"]
+    assert both["status"] == "decided" and both["staleness_control"] is True and both["positive_control"] is False
+    assert both["halves"]["A"]["recovered_share"] == pytest.approx(0.9)
+    assert "a control for staleness" in verdict_line("staleness_only", both)
+    # Half B recovers nothing: no control, though half A shows it.
+    one = conclude(m, rows([0.28] * 8 + [0.10] * 8), chosen)["staleness_only"]
+    assert one["halves"]["A"]["checks"]["interaction"] and not one["halves"]["B"]["checks"]["interaction"]
+    assert one["staleness_control"] is False and "not a control for staleness" in verdict_line("staleness_only", one)

@@ -118,3 +118,17 @@ def test_one_change_is_allowed_either_way_and_a_claim_may_declare_it_needs_no_co
     suite_mod.Suite.load(path)
     _edit(path, lambda r: (r["conditions"]["F"].pop("control"), r["claims"][0].update(needs_control=False)))
     assert suite_mod.Suite.load(path).claims[0]["needs_control"] is False
+
+
+def test_a_staleness_condition_reads_the_staleness_control_and_refuses_a_mismatch_claim(tmp_path):
+    """The staleness-only cell's `positive_control` is false by construction ((iii) reads 0): a condition resting
+    on it reads its `staleness_control`; claims 1, 2 and 8 are about the mismatch and may not rest on it."""
+    path = v8_suite(tmp_path, {"fixed": True}, FINALS)
+    (tmp_path / "mechanism.json").write_text(json.dumps({"models": {"stale": {
+        "kind": "staleness", "positive_control": False, "staleness_control": True, "status": "decided"}}}))  # fmt: skip
+    _edit(path, lambda r: (r["conditions"]["F"].update(control="stale"), r["claims"][0].update(id=3)))
+    claim = suite_mod.Suite.load(path).claims[0]
+    assert claim["positive_control"] is True
+    _edit(path, lambda r: r["claims"][0].update(id=8))
+    with pytest.raises(SystemExit, match=r"claim 8 is about the mismatch; condition 'F' rests on the staleness-only"):
+        suite_mod.Suite.load(path)
