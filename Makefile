@@ -87,7 +87,7 @@ mini-repro: $(STAMP)  ## every experiments/mini_*.yaml sweep (CPU twins of the p
 
 # The findings suite (findings/suite.yaml): runs two one-thread jobs at a time, skips runs already complete, then
 # writes findings/FINDINGS.md, findings/findings.json and findings/figures/. A failed run exits non-zero.
-findings: $(STAMP)  ## every claim of the CPU findings suite (v7, 98 runs: ~105 min on 2 cores; resumable)
+findings: $(STAMP)  ## every claim of the CPU findings suite (v8: 32 runs at the map's controls, ~35 min on 2 cores; resumable)
 	$(PY) -m analysis.suite
 
 # The testbed map (findings/map/map.yaml): dose-response sweeps of mismatch and staleness for PG-IS, DPPO-TV, GRPO and
@@ -114,7 +114,7 @@ replay: $(STAMP)  ## every objective on the same saved tokens (claims 3 and 11; 
 	    seed=3200 'trainer.save_batches=[20,40,60,80]' hydra.run.dir=$(REPLAY_RUN)
 	$(PY) -m analysis.replay $(REPLAY_RUN)
 
-findings-quick: $(STAMP)  ## the suite's quick subset (claim 1's core arms, 9 runs, ~10 min) into findings/quick/
+findings-quick: $(STAMP)  ## the suite's quick subset (claim 3's token-level arms, 6 runs, ~7 min) into findings/quick/
 	$(PY) -m analysis.suite --quick
 
 # TRL is the B4 baseline only: a benchmark extra, installed by the first `make bench`. The bench extra alone: naming

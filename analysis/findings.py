@@ -24,6 +24,7 @@ from scipy import stats
 from analysis.run_metrics import BROKEN_EVAL, METRICS, load_run, run_error, runs_time_s
 from analysis.verdicts import (
     INCONCLUSIVE,
+    MIXED,
     NOT_TESTABLE,
     OPPOSITE,
     REPRODUCED,
@@ -112,18 +113,21 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
             "replication_seeds": replication_seeds(a, b_list, rule) if inconclusive else None,
             "contradiction_seeds": replication_seeds(a, b_list, rule, toward=_against(rule)) if inconclusive else None,
         })  # fmt: skip
-    summary, adjusted, p_holm = summarize(comparisons)
-    for part, verdict, p in zip(parts, adjusted, p_holm, strict=True):
-        part["verdict"] = verdict if testable else NOT_TESTABLE
-        part["p_holm"] = p
+    # A part that says `needs_control: false` (what a clip selects, say) is decided without the claim's control;
+    # Holm runs over the parts decided.
+    decided = [testable or spec.get("needs_control") is False for spec in claim["parts"]]
+    summary, adjusted, p_holm = summarize([c for c, ok in zip(comparisons, decided, strict=True) if ok])
+    verdicts, holm_p = iter(adjusted), iter(p_holm)
+    for part, ok in zip(parts, decided, strict=True):
+        part["verdict"], part["p_holm"] = (next(verdicts), next(holm_p)) if ok else (NOT_TESTABLE, math.nan)
+    if not all(decided):
+        summary = NOT_TESTABLE if not any(decided) else summarize_words([p["verdict"] for p in parts])
     for part, spec in zip(parts, claim["parts"], strict=True):  # v8: what the paper says, and what was planned
         for key in ("quote", "power"):
             if key in spec:
                 part[key] = spec[key]
     if any("endpoints" in spec for spec in claim["parts"]):
-        endpoint_entries(claim["parts"], parts, per_run, testable)
-    if not testable:
-        summary = NOT_TESTABLE
+        endpoint_entries(claim["parts"], parts, per_run, decided)
     head = parts[0]
     arms = {}
     for arm in dict.fromkeys([p["a"] for p in parts] + [p["b"] for p in parts if isinstance(p["b"], str)]):
@@ -154,14 +158,19 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def summarize_words(verdicts: Sequence[str]) -> str:
+    """The claim's one word from its parts' verdicts: their common verdict, or mixed."""
+    return verdicts[0] if len(set(verdicts)) == 1 else MIXED
+
+
 def endpoint_entries(
-    specs: Sequence[dict[str, Any]], parts: list[dict[str, Any]], per_run: pd.DataFrame, testable: bool
+    specs: Sequence[dict[str, Any]], parts: list[dict[str, Any]], per_run: pd.DataFrame, decided: Sequence[bool]
 ) -> None:
     """Each part's secondary endpoints (break rate, the mechanism's measures), on the part's own arms, each decided
     by its own rule and Holm-adjusted over the claim's endpoints: reported beside the primary verdict, never
     turning it (analysis/verdicts.py, multiplicity)."""
     flat: list[tuple[dict[str, Any], Comparison]] = []
-    for spec, part in zip(specs, parts, strict=True):
+    for spec, part, ok in zip(specs, parts, decided, strict=True):
         part["endpoints"] = []
         for endpoint in spec.get("endpoints") or []:
             rule = Rule(**endpoint["rule"])
@@ -174,12 +183,15 @@ def endpoint_entries(
                 "p": c.p, "why": c.why,
             }  # fmt: skip
             part["endpoints"].append(entry)
-            flat.append((entry, c))
+            if ok:
+                flat.append((entry, c))
+            else:
+                entry["verdict"], entry["p_holm"] = NOT_TESTABLE, math.nan
     if not flat:
         return
     _, adjusted, p_holm = summarize([c for _, c in flat])
     for (entry, _), verdict, p in zip(flat, adjusted, p_holm, strict=True):
-        entry["verdict"], entry["p_holm"] = (verdict if testable else NOT_TESTABLE), p
+        entry["verdict"], entry["p_holm"] = verdict, p
 
 
 def _values(per_run: pd.DataFrame, arm: str, metric: str) -> list[float]:
@@ -316,8 +328,16 @@ def arm_summary(per_run: pd.DataFrame) -> list[dict[str, Any]]:
             "broke": broke, "broke_seeds": [int(x) for x in done.loc[broken, "seed"]],
             "broke_ci": [ci.low, ci.high] if ci else [math.nan, math.nan],
             "mismatch_abs_mean_step1": _mean(done["mismatch_abs_mean_step1"]),
+            "mechanism": {k: _mean(done[k].astype(float)) for k in MECHANISM if k in done},
         })  # fmt: skip
     return rows
+
+
+# The mechanism beside the score (issue 60): per arm, means over its completed seeds; descriptions, no rule.
+MECHANISM = (
+    "step1_mismatch", "mismatch_slope_given_entropy", "late_entropy", "step1_masked_frac", "late_masked_frac",
+    "step1_penalized_frac", "early_bad_update_frac", "late_bad_update_frac",
+)  # fmt: skip
 
 
 def arms_figure(arms: list[dict[str, Any]], out_dir: Path) -> str | None:
@@ -514,6 +534,17 @@ def _arms_section(doc: dict[str, Any]) -> list[str]:
         )
     if doc.get("arms_figure"):
         lines += ["", f"Figure: [{doc['arms_figure']}]({doc['arms_figure']})"]
+    lines += [
+        "",
+        "The mechanism beside the score, per arm (means over its seeds): "
+        + "; ".join(f"`{k}` {METRICS[k][1]}" for k in MECHANISM),
+        "",
+        "| arm | " + " | ".join(MECHANISM) + " |",
+        "|---|" + "---|" * len(MECHANISM),
+    ]
+    for a in doc["arms"]:
+        mech = a.get("mechanism", {})
+        lines.append(f"| {a['arm']} | " + " | ".join(_fmt(mech.get(k), 2) for k in MECHANISM) + " |")
     return lines
 
 

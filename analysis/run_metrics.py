@@ -67,6 +67,17 @@ def _clipped_mu(m: pd.DataFrame, e: pd.DataFrame) -> float:
     return float(np.nanmean(values)) if cols and np.isfinite(values).any() else math.nan
 
 
+def _clipped_mu_side(sign: str) -> Callable[[pd.DataFrame, pd.DataFrame], float]:
+    """Mean over steps of the mean mu of one sign's clipped tokens (upper clips, A > 0; lower, A < 0), apart."""
+
+    def metric(m: pd.DataFrame, e: pd.DataFrame) -> float:
+        col = f"objective/clipped_mu_mean_{sign}"
+        values = _numeric(m, [col]) if col in m.columns else np.array([])
+        return float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
+
+    return metric
+
+
 def _clipped_entropy_excess(m: pd.DataFrame, e: pd.DataFrame) -> float:
     cols = [c for c in ("objective/clipped_entropy_mean_pos", "objective/clipped_entropy_mean_neg") if c in m.columns]
     values = _numeric(m, cols)
@@ -140,6 +151,8 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
     ),
     "late_entropy": (lambda m, e: _window(m, "rollout/entropy", "late"), "policy entropy, last quarter"),
     "clipped_mu": (_clipped_mu, "mean rollout probability mu of masked/clipped tokens"),
+    "clipped_mu_pos": (_clipped_mu_side("pos"), "mean rollout probability mu of A > 0 clipped tokens"),
+    "clipped_mu_neg": (_clipped_mu_side("neg"), "mean rollout probability mu of A < 0 clipped tokens"),
     "clipped_entropy_excess": (_clipped_entropy_excess, "entropy of clipped tokens minus mean token entropy"),
     "bad_update_frac": (
         lambda m, e: float(_series(m, "mismatch/bad_update_frac").mean()),
@@ -155,6 +168,10 @@ METRICS: dict[str, tuple[Callable[[pd.DataFrame, pd.DataFrame], float], str]] = 
     ),
     "step1_mismatch": (_step1("mismatch/abs_prob_diff_mean"), "mean |pi - mu| at step 1"),
     "step1_masked_frac": (_step1("objective/masked_frac"), "share of tokens the trust region masked at step 1"),
+    "step1_penalized_frac": (
+        _step1("objective/penalized_frac"),
+        "share of tokens beyond DRPO's boundary (its regulariser fires) at step 1",
+    ),
     "early_masked_frac": (lambda m, e: _window(m, "objective/masked_frac", "early"), "masked share, first quarter"),
     "late_masked_frac": (lambda m, e: _window(m, "objective/masked_frac", "late"), "masked share, last quarter"),
     "mismatch_slope": (_mismatch_slope(False), "within-run slope of mean |pi - mu| per 100 steps"),

@@ -143,9 +143,17 @@ class Suite:
     def jobs_for(
         self, claims: Sequence[dict[str, Any]], seeds: Sequence[int], runs_dir: Path, only: list[str] | None = None
     ) -> list[Job]:
-        # A claim at a condition without a positive control is not testable here: its arms do not run.
+        # A claim at a condition without a positive control is not testable here: its arms do not run, but for
+        # the arms of its parts that need none (`needs_control: false`).
         wanted = {
             a for c in claims if c.get("cpu", True) and c.get("positive_control") is not False for a in claim_arms(c)
+        } | {
+            a
+            for c in claims
+            if c.get("cpu", True)
+            for part in c.get("parts", [])
+            if part.get("needs_control") is False
+            for a in claim_arms({"parts": [part]})
         }
         arms = sorted(wanted & set(only or wanted), key=list(self.arms).index)
         return [

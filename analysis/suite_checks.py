@@ -49,6 +49,11 @@ def check_part(where: str, part: dict[str, Any], arms: dict[str, list[str]]) -> 
                 f"{where}: part {part['a']} vs {b}: the arms differ in both objective and condition; "
                 "allowed: arms that differ in one of them"
             )
+    if "needs_control" in part and (part["needs_control"] is not False or not part.get("why_no_control")):
+        raise SystemExit(
+            f"{where}: part {part.get('a')} vs {b}: needs_control may only be false, with `why_no_control` saying "
+            "why the part is decided without the claim's control"
+        )
     power = part.get("power")
     if not isinstance(power, dict) or any(k not in power for k in POWER_KEYS):
         raise SystemExit(

@@ -167,6 +167,20 @@ def test_welch_fails_on_a_breaking_arm_against_a_tight_one(seeds, pair):
     assert above > 0.07, f"{pair} {seeds}: Welch's one-sided miss {above:.3f}"
 
 
+SUITE_TWO_ARM = sorted(p for p in suite_pairs(SUITE, ("mean", "superiority")) if p[1] > 0)
+
+
+@pytest.mark.parametrize("pair", [("breaks_low", "tight"), ("rare_break", "steady")], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.mark.parametrize("seeds", SUITE_TWO_ARM, ids=lambda s: f"{s[0]}v{s[1]}")
+def test_welch_fails_the_bar_at_every_seed_pair_of_the_suite(seeds, pair):
+    """The v7 method at the suite's own seed pairs (v8: 8v8 to 16v16): with more seeds a 20% breaking arm shows a
+    break more often and coverage nears 93%, but its interval still lies wholly above the truth 4.7-6.3% of the
+    time against a tight arm (the bar: 3%), and 10-20% for the map's PG-IS shape; `superiority` holds at all of
+    them (test_superiority_holds_on_the_testbeds_shapes_at_every_boundary)."""
+    coverage, above, below = welch_on_shapes(pair, seeds)
+    assert coverage < 0.93 or max(above, below) > 0.03, f"{pair} {seeds}: Welch met the bar {coverage:.3f}"
+
+
 @pytest.mark.parametrize("seeds", SEED_PAIRS, ids=lambda s: f"{s[0]}v{s[1]}")
 @pytest.mark.parametrize("pair", NO_BREAKS, ids=lambda p: f"{p[0]}-{p[1]}")
 def test_welch_holds_where_no_arm_breaks(pair, seeds):
@@ -253,7 +267,7 @@ def test_superiority_holds_on_the_testbeds_shapes_at_every_boundary(pair, seeds)
         assert max(above, below) <= 0.03, f"{where}: wholly above {above:.3f}, wholly below {below:.3f}"
 
 
-@pytest.mark.parametrize("n", [5, 6, 8])
+@pytest.mark.parametrize("n", sorted({5, 6, 8} | {p[0] for p in USED if p[1] == 0}))
 @pytest.mark.parametrize("shape", ["breaks_low", "breaks_half", "breaks_most", "rare_break", "steady"])
 def test_superiority_against_a_constant_holds_at_every_boundary(shape, n):
     """A part against a constant c: P(A > c) + P(A = c)/2 - 1/2, c placed at the quantile that puts the truth on

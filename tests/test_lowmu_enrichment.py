@@ -78,3 +78,13 @@ def test_mismatch_slope_with_and_without_entropy() -> None:
     assert METRICS["mismatch_slope"][0](m, pd.DataFrame()) > 2.0
     assert METRICS["mismatch_slope_given_entropy"][0](m, pd.DataFrame()) == pytest.approx(0.0, abs=1e-9)
     assert math.isnan(METRICS["mismatch_slope"][0](m.head(3), pd.DataFrame()))
+
+
+def test_clipped_mu_by_side_by_hand() -> None:
+    """Upper and lower clips apart: steps with no clipped token of a sign (NaN) are left out of that sign's mean."""
+    m = pd.DataFrame({
+        "objective/clipped_mu_mean_pos": [0.2, 0.4, None], "objective/clipped_mu_mean_neg": [None, 0.9, 0.7],
+    }).astype(float)  # fmt: skip
+    assert METRICS["clipped_mu_pos"][0](m, pd.DataFrame()) == pytest.approx(0.3)
+    assert METRICS["clipped_mu_neg"][0](m, pd.DataFrame()) == pytest.approx(0.8)
+    assert math.isnan(METRICS["clipped_mu_pos"][0](pd.DataFrame({"step": [1]}), pd.DataFrame()))

@@ -132,3 +132,28 @@ def test_a_staleness_condition_reads_the_staleness_control_and_refuses_a_mismatc
     _edit(path, lambda r: r["claims"][0].update(id=8))
     with pytest.raises(SystemExit, match=r"claim 8 is about the mismatch; condition 'F' rests on the staleness-only"):
         suite_mod.Suite.load(path)
+
+
+def test_a_part_that_needs_no_control_runs_and_is_decided_while_its_claim_is_not_testable(tmp_path):
+    """Claim 3's parts on which tokens a clip selects hold or fail whether or not a trust region changes the score:
+    `needs_control: false` runs their arms at a condition without a control, decides them, and leaves the rest
+    of the claim not testable (the claim reads `parts differ`)."""
+    path = v8_suite(tmp_path, {"fixed": False}, FINALS | {"ref": [0.30, 0.31, 0.29, 0.30, 0.32, 0.30]})
+    no_control = {
+        "a": "ref", "b": 0.1, "metric": "final_eval", "quote": QUOTE, "power": POWER,
+        "rule": {"kind": "greater", "statistic": "superiority"}, "needs_control": False,
+        "why_no_control": "a description of one arm",
+    }  # fmt: skip
+    _edit(path, lambda r: r["claims"][0]["parts"].append(no_control))
+    suite = suite_mod.Suite.load(path)
+    jobs = suite.jobs_for(suite.claims, suite.seeds, tmp_path / "runs")
+    assert {j.arm for j in jobs} == {"ref"} and len(jobs) == 6
+    one = report(path)["by_id"][1]
+    first, second = one["parts"]
+    assert first["verdict"] == NOT_TESTABLE and first["endpoints"][0]["verdict"] == NOT_TESTABLE
+    # every one of 6 seeds above 0.1: P(A > c) = 1, Clopper-Pearson lower bound 0.025^(1/6) = 0.54 > 1/2
+    assert second["verdict"] == REPRODUCED and second["effect"] == pytest.approx(0.5)
+    assert one["verdict"] == "parts differ"
+    _edit(path, lambda r: r["claims"][0]["parts"][1].pop("why_no_control"))
+    with pytest.raises(SystemExit, match="needs_control may only be false, with `why_no_control`"):
+        suite_mod.Suite.load(path)
