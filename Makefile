@@ -102,12 +102,14 @@ PHASE ?= all
 mechanism-map: $(STAMP)  ## does a trust region rescue each mismatch model? (<= 180 min on 2 cores; resumable)
 	$(PY) -m analysis.mechanism_map --phase $(PHASE)
 
-# The rollout replay (analysis/replay.py): one GRPO run at suite v7's condition O keeps the objective inputs of four
-# steps' updates, then every objective runs on exactly those tokens: findings/replay/REPLAY.md and figures/.
-REPLAY_RUN := findings/replay/runs/grpo_o/seed3200
+# The rollout replay (analysis/replay.py): one MiniRL run at suite v7's condition O (W4A4, 8 updates per rollout)
+# keeps the objective inputs of four steps' updates, then every objective runs on exactly those tokens:
+# findings/replay/REPLAY.md and figures/. MiniRL recomputes pi_old, so the objectives anchored on it (CPPO, GSPO,
+# IcePop, GRPO with sequence TIS) replay beside those anchored on mu.
+REPLAY_RUN := findings/replay/runs/minirl_o/seed3200
 replay: $(STAMP)  ## every objective on the same saved tokens (claims 3 and 11; one 80-step run, ~2 min)
 	test -f $(REPLAY_RUN)/summary.json && grep -q '"completed"' $(REPLAY_RUN)/summary.json || \
-	  $(PY) run.py rollout=hf logger=none trainer.threads=1 objective=grpo precision=w4a4_rollout \
+	  $(PY) run.py rollout=hf logger=none trainer.threads=1 objective=minirl precision=w4a4_rollout \
 	    trainer.minibatches=8 trainer.prompts_per_step=16 trainer.group_size=8 trainer.lr=1e-4 \
 	    trainer.max_new_tokens=24 trainer.total_steps=80 trainer.eval_every=80 trainer.checkpoint_every=0 eval.n=4 \
 	    eval.engine=policy data.pool_path=findings/pools/tiny_pass_rates.json data.pool_min=0.2 data.pool_max=0.8 \

@@ -262,6 +262,7 @@ def write_report(
     arms = arm_summary(per_run)
     doc = {
         "suite": str(suite.path.name),
+        "version": getattr(suite, "version", None),
         **suite_provenance(suite.path),
         "quick": quick,
         "command": command,
@@ -383,8 +384,8 @@ def markdown(doc: dict[str, Any], suite: Any, failed: pd.DataFrame, out: Path) -
         "runs, are Holm-adjusted over a claim's parts: *reproduced*, *opposite* (a significant effect the other "
         "way), *smaller than claimed* (an effect as large as the margin excluded, said only with 8 or more seeds "
         "per arm), *inconclusive*, *not testable here* (no positive control for the mechanism at this condition: "
-        "see findings/map/MAP.md). A claim's one-word summary is given only where its parts agree."
-        + _superiority_note(doc),
+        f"see findings/map/{'MECHANISM' if (doc.get('version') or 7) >= 8 else 'MAP'}.md). A claim's one-word "
+        "summary is given only where its parts agree; *parts differ* otherwise." + _superiority_note(doc),
         "",
     ]
     quoted = any("quote" in p for e in doc["claims"] for p in e.get("parts", []))

@@ -58,6 +58,7 @@ def test_a_v8_part_reports_its_quote_power_endpoints_and_computed_control(tmp_pa
     doc = report(v8_suite(tmp_path, {"fixed": True}, FINALS))
     one = doc["by_id"][1]
     part = one["parts"][0]
+    assert doc["version"] == 8
     assert one["verdict"] == REPRODUCED and one["positive_control"] is True
     assert one["control"]["model"] == "fixed" and "concluded" in one["control"]["evidence"]
     assert part["quote"] == QUOTE and part["power"] == POWER
