@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,10 @@ class Tokens:
     advantage: np.ndarray
     entropy: np.ndarray
     weights: dict[str, np.ndarray]  # objective label -> c per token
+    # objective label -> (sequences with a token of non-zero advantage, those with one of them zeroed)
+    sequences: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # corrected objective label -> its correction's IS-weight metrics, averaged over the saved updates
+    correction: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def load_batches(run_dir: Path) -> list[dict[str, Any]]:
@@ -72,6 +76,12 @@ def load_batches(run_dir: Path) -> list[dict[str, Any]]:
     if not files:
         raise SystemExit(f"error: {run_dir}: no batches/step_<k>.pt; train with trainer.save_batches=[...] first")
     return [b for f in files for b in torch.load(f)]
+
+
+def correction_metrics(correction: CorrectionConfig, batch: dict[str, Any]) -> dict[str, float]:
+    """The correction's own diagnostics on one saved update (IS-weight mean / max, rejected shares), as it logs them."""
+    corr = rollout_correction(correction, batch["old_logp"], batch["behavior_logp"], batch["mask"])
+    return {k.removeprefix("correction/"): float(v) for k, v in corr.metrics.items()}
 
 
 def token_weights(objective: Any, batch: dict[str, Any], correction: CorrectionConfig | None = None) -> torch.Tensor:
@@ -99,16 +109,31 @@ def replay(batches: list[dict[str, Any]]) -> Tokens:
     objectives = {label: get_objective(preset, **kw) for label, preset, kw in OBJECTIVES}
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("mu", "pi", "advantage", "entropy")}
     weights: dict[str, list[np.ndarray]] = {label: [] for label in objectives}
+    sequences = dict.fromkeys(objectives, (0, 0))
+    corrections: dict[str, list[dict[str, float]]] = {label: [] for label in CORRECTED}
     for batch in batches:
         keep = (batch["mask"] > 0) & (batch["advantages"] != 0)
+        rows = keep.any(-1)
         parts["mu"].append(batch["behavior_logp"].exp()[keep].numpy())
         parts["pi"].append(batch["logp"].exp()[keep].numpy())
         parts["advantage"].append(batch["advantages"][keep].numpy())
         parts["entropy"].append(batch["entropy"][keep].numpy())
         for label, obj in objectives.items():
-            weights[label].append(token_weights(obj, batch, CORRECTED.get(label))[keep].numpy())
+            c = token_weights(obj, batch, CORRECTED.get(label))
+            weights[label].append(c[keep].numpy())
+            hit = ((c == 0) & keep).any(-1)
+            n, z = sequences[label]
+            sequences[label] = (n + int(rows.sum()), z + int((hit & rows).sum()))
+            if label in CORRECTED and batch["old_logp"] is not None:
+                corrections[label].append(correction_metrics(CORRECTED[label], batch))
     cat = {k: np.concatenate(v) for k, v in parts.items()}
-    return Tokens(**cat, weights={k: np.concatenate(v) for k, v in weights.items()})
+    mean_metrics = {
+        label: {k: float(np.mean([m[k] for m in ms])) for k in ms[0]} for label, ms in corrections.items() if ms
+    }
+    return Tokens(
+        **cat, weights={k: np.concatenate(v) for k, v in weights.items()}, sequences=sequences,
+        correction=mean_metrics,
+    )  # fmt: skip
 
 
 def zeroed(tokens: Tokens, label: str) -> np.ndarray:
@@ -129,6 +154,8 @@ def summary(tokens: Tokens) -> dict[str, Any]:
             "zeroed_low_mu_frac": float((tokens.mu[z] < LOW_MU).mean()) if z.any() else math.nan,
             "zeroed_entropy_excess": float(tokens.entropy[z].mean() - tokens.entropy.mean()) if z.any() else math.nan,
             "mean_abs_weight": float(np.abs(tokens.weights[label]).mean()) if n else math.nan,
+            "zeroed_seq_frac": _ratio(*tokens.sequences.get(label, (0, 0))),
+            "correction": tokens.correction.get(label),
         })  # fmt: skip
     grpo, relax = zeroed(tokens, "grpo"), zeroed(tokens, "relax_both")
     freed = grpo & ~relax
@@ -225,20 +252,31 @@ def markdown(doc: dict[str, Any], source: str) -> str:
         "",
         "## Every objective",
         "",
-        "| objective | zeroed tokens | share | mean mu zeroed | mu < 0.1 among zeroed | entropy excess "
-        "| mean \\|c\\| |",
-        "|---|---|---|---|---|---|---|",
+        "| objective | zeroed tokens | share | sequences with a zeroed token | mean mu zeroed | mu < 0.1 among zeroed "
+        "| entropy excess | mean \\|c\\| | rollout correction: IS weight mean / max, rejected share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["objectives"]:
         if r.get("needs_pi_old"):
-            lines.append(f"| {r['objective']} | needs pi_old: the source run did not recompute it | | | | | |")
+            lines.append(f"| {r['objective']} | needs pi_old: the source run did not recompute it | | | | | | | |")
             continue
+        corr = r.get("correction")
+        corr_cell = (
+            f"{corr['is_weight_mean']:.3f} / {corr['is_weight_max']:.3f}, {corr.get('rejected_frac', 0.0):.3f}"
+            if corr and "is_weight_mean" in corr
+            else "-"
+        )
         lines.append(
-            f"| {r['objective']} | {r['zeroed']} | {r['zeroed_frac']:.3f} | {_f(r['zeroed_mu_mean'])} | "
-            f"{_f(r['zeroed_low_mu_frac'])} | {_f(r['zeroed_entropy_excess'])} | {r['mean_abs_weight']:.3g} |"
+            f"| {r['objective']} | {r['zeroed']} | {r['zeroed_frac']:.3f} | {_f(r['zeroed_seq_frac'])} | "
+            f"{_f(r['zeroed_mu_mean'])} | {_f(r['zeroed_low_mu_frac'])} | {_f(r['zeroed_entropy_excess'])} | "
+            f"{r['mean_abs_weight']:.3g} | {corr_cell} |"
         )
     lines += ["", *[f"![replay](figures/{Path(f).name})" for f in doc["figures"]], ""]
     return "\n".join(lines)
+
+
+def _ratio(n: int, k: int) -> float:
+    return k / n if n else math.nan
 
 
 def _f(x: float) -> str:

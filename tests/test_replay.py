@@ -100,3 +100,21 @@ def test_the_2026_objectives_and_sequence_tis_on_hand_built_tokens():
     rows = {row["objective"]: row for row in without["objectives"]}
     assert rows["icepop"] == {"objective": "icepop", "needs_pi_old": True} and rows["grpo_seq_tis"]["needs_pi_old"]
     assert rows["gspo"]["zeroed"] == 2 and "needs_pi_old" not in rows["cppo"]
+
+
+def test_sequence_share_and_the_corrections_weights_on_hand_built_tokens():
+    """Two sequences of two tokens: GRPO's clip zeroes one token of the first (ratio 2), none of the second (ratio 1):
+    one of two sequences has a zeroed token. With pi_old = (0.1, 0.5 | 0.5, 0.5) against mu = (0.05, 0.5 | 0.5, 0.5)
+    the sequence TIS weights are min(prod pi_old/mu, 2) = (2 | 1): mean 1.5 over the four tokens, max 2, and none
+    rejected."""
+    b = batch([0.05, 0.5], [0.10, 0.5], [1.0, 1.0])
+    two = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+    two["logp"] = torch.tensor([[0.10, 0.5], [0.5, 0.5]]).log()
+    two["behavior_logp"] = torch.tensor([[0.05, 0.5], [0.5, 0.5]]).log()
+    two["old_logp"] = torch.tensor([[0.10, 0.5], [0.5, 0.5]]).log()
+    doc = summary(replay([two]))
+    rows = {row["objective"]: row for row in doc["objectives"]}
+    assert rows["grpo"]["zeroed"] == 1 and rows["grpo"]["zeroed_seq_frac"] == 0.5
+    assert rows["pg_is"]["zeroed_seq_frac"] == 0.0 and rows["pg_is"]["correction"] is None
+    corr = rows["grpo_seq_tis"]["correction"]
+    assert corr["is_weight_mean"] == pytest.approx(1.5) and corr["is_weight_max"] == pytest.approx(2.0)
