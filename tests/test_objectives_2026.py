@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.objectives import get_objective
-from harness.objectives.common import NonFiniteInputError
+from harness.objectives.common import NonFiniteInputError, masked_mean
 
 E10 = 22026.465794806718  # e^10
 
@@ -373,3 +373,17 @@ def test_cppo_with_flat_weights_and_a_large_budget_is_dppo_tv(rows, delta):
         obj(logp=logp, behavior_logp=mu.log(), advantages=adv, mask=torch.ones_like(adv)).loss_mat.sum().backward()
         grads.append(logp.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def test_the_one_masked_mean_ignores_what_padding_holds() -> None:
+    """The loop's entropy metric and the objectives share harness.objectives.common.masked_mean: a pad holding NaN
+    or inf (whatever a forward leaves past a response's end) does not reach the mean; the loop's old copy multiplied
+    by the mask, and 0 * NaN is NaN."""
+    from pathlib import Path
+
+    x = torch.tensor([[1.0, 3.0, float("nan")], [2.0, float("inf"), 0.0]])
+    m = torch.tensor([[True, True, False], [True, False, False]])
+    assert float(masked_mean(x, m)) == pytest.approx(2.0)
+    harness = Path(__file__).resolve().parents[1] / "harness"
+    defined = [p for p in harness.rglob("*.py") if "def masked_mean(" in p.read_text(encoding="utf-8")]
+    assert [p.relative_to(harness).as_posix() for p in defined] == ["objectives/common.py"]

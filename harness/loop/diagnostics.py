@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,6 @@ LOW_PROB = 0.01  # "low-probability token": mu at or below this
 LOW_MU = 0.1
 TABLE_ROWS = 50  # App. D lists the 50 most clipped tokens per sign
 SIGNS = ("pos", "neg")
-
-
-def masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
-    if x is None:
-        return math.nan
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
 def mismatch(logp: torch.Tensor, mb: TrainBatch) -> dict[str, float]:

@@ -26,13 +26,13 @@ from harness.batch import TrainBatch, build_batch, objective_inputs, policy_logp
 from harness.logprobs import LogProbOutput
 from harness.loop.checkpoint import checkpoint
 from harness.loop.correction import corrected, decoupled_correction, minibatch_denominator, rows_of
-from harness.loop.diagnostics import bad_update_frac, masked_mean, mismatch, rollout_metrics, zero_weight
+from harness.loop.diagnostics import bad_update_frac, mismatch, rollout_metrics, zero_weight
 from harness.loop.rollouts import after_update, staleness_metrics, step_batch
 from harness.loop.state import Run
 from harness.loop.tokens import token_rows
 from harness.moe import route_metrics
 from harness.objectives import Objective, ObjectiveOutput, aggregate, aggregate_denominator
-from harness.objectives.common import NonFiniteInputError
+from harness.objectives.common import NonFiniteInputError, masked_mean
 from harness.objectives.correction import Correction
 from harness.rewards import grade
 from harness.rollout.base import Rollout
@@ -207,7 +207,8 @@ def update(
     finite). Returns (metrics, whether the update was applied, whether tokens were sampled)."""
     cfg, t, b = run.cfg, run.cfg.trainer, mb.batch
     lp = forward(run, step, b, with_grad=mb.any_signal)
-    m = {"rollout/entropy": masked_mean(lp.entropy, b.mask)}
+    entropy = math.nan if lp.entropy is None else float(masked_mean(lp.entropy, b.mask > 0))
+    m = {"rollout/entropy": entropy}
     if measuring:  # before the step's first update: the pure training-inference mismatch
         m.update(mismatch(lp.logp.detach(), b))
         m.update(route_metrics(run.policy))  # a mixture of experts: routes that differ from the engine's
