@@ -24,13 +24,13 @@ from scipy import stats
 from analysis.run_metrics import BROKEN_EVAL, METRICS, load_run, run_error, runs_time_s
 from analysis.verdicts import (
     INCONCLUSIVE,
-    MIXED,
     NOT_TESTABLE,
     OPPOSITE,
     REPRODUCED,
     SMALLER,
     Comparison,
     Rule,
+    common_word,
     compare,
     mean_interval,
     replication_seeds,
@@ -121,7 +121,7 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
     for part, ok in zip(parts, decided, strict=True):
         part["verdict"], part["p_holm"] = (next(verdicts), next(holm_p)) if ok else (NOT_TESTABLE, math.nan)
     if not all(decided):
-        summary = NOT_TESTABLE if not any(decided) else summarize_words([p["verdict"] for p in parts])
+        summary = NOT_TESTABLE if not any(decided) else common_word([p["verdict"] for p in parts])
     for part, spec in zip(parts, claim["parts"], strict=True):  # v8: what the paper says, and what was planned
         for key in ("quote", "power"):
             if key in spec:
@@ -156,11 +156,6 @@ def claim_entry(claim: dict[str, Any], per_run: pd.DataFrame) -> dict[str, Any]:
         "parts": parts,
         "arms": arms,
     }
-
-
-def summarize_words(verdicts: Sequence[str]) -> str:
-    """The claim's one word from its parts' verdicts: their common verdict, or mixed."""
-    return verdicts[0] if len(set(verdicts)) == 1 else MIXED
 
 
 def endpoint_entries(

@@ -357,8 +357,12 @@ def summarize(parts: Sequence[Comparison]) -> tuple[str, list[str], list[float]]
         c.verdict if c.verdict != INCONCLUSIVE and p < ALPHA else INCONCLUSIVE
         for c, p in zip(parts, adjusted, strict=True)
     ]
-    summary = verdicts[0] if len(set(verdicts)) == 1 else MIXED
-    return summary, verdicts, adjusted
+    return common_word(verdicts), verdicts, adjusted
+
+
+def common_word(verdicts: Sequence[str]) -> str:
+    """A claim's one word from its parts' verdicts: their common verdict, or MIXED."""
+    return verdicts[0] if len(set(verdicts)) == 1 else MIXED
 
 
 def replication_seeds(
