@@ -10,7 +10,7 @@ The trainer's forward does not run on that padded layout. It packs the rows padd
 remove-padding does): each row's real tokens, position ids restarting at 0, laid end to end into packs no longer
 than the longest row, with no attention mask, so transformers builds the block-diagonal causal mask itself (flash
 attention: varlen). Rollouts are mostly short with a long tail, so about half of the padded layout's tokens are
-padding: packing halved the tiny model's forward+backward (272 -> 145 ms for a 36-row mini-batch). Only the real
+padding, and packing skips it (docs/performance.md has what it saved). Only the real
 response positions reach the LM head. A model whose attention would mix packed rows is detected once, by a probe,
 and gets the padded layout.
 """

@@ -82,29 +82,8 @@ def grade(
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"grade: timeout_s must be a positive number of seconds, got {timeout_s!r}")
     workers = _worker_count(workers, "grade")
-    fallback = compile_fallback(fallback_pattern)
-
-    codes = [WRONG] * n
     truncated = [finished is not None and not finished[i] for i in range(n)]
-    extracted: list[str | None] = [None] * n
-    jobs: list[tuple[int, str, str]] = []  # (index, text handed to math-verify, gold)
-    for i, text in enumerate(completions):
-        if truncated[i]:
-            continue
-        target = last_boxed(text) if require_boxed else text
-        if target is None and fallback is not None:
-            target = _fallback_match(fallback, text)
-        if target is None or not target.strip() or (require_boxed and len(target) > MAX_BOX_CHARS):
-            codes[i] = NO_ANSWER
-            continue
-        extracted[i] = target
-        if require_boxed and _INT.fullmatch(target) and _INT.fullmatch(str(answers[i])):
-            # Integer against integer (every AIME and arith answer): math-verify would compare the same numbers
-            # (it also accepts "042" for 42), at ~4 ms a call through latex2sympy; this takes microseconds.
-            codes[i] = CORRECT if int(target.strip(" ")) == int(str(answers[i]).strip(" ")) else WRONG
-            continue
-        jobs.append((i, f"\\boxed{{{target}}}" if require_boxed else target, str(answers[i])))
-
+    codes, extracted, jobs = _triage(completions, answers, truncated, require_boxed, compile_fallback(fallback_pattern))
     processes = 0
     if jobs:
         results, processes = grade_jobs(jobs, timeout_s, workers)
@@ -131,6 +110,37 @@ def grade(
         },
         processes=processes,
     )
+
+
+def _triage(
+    completions: list[str],
+    answers: list[str],
+    truncated: list[bool],
+    require_boxed: bool,
+    fallback: re.Pattern[str] | None,
+) -> tuple[list[int], list[str | None], list[tuple[int, str, str]]]:
+    """What each completion needs: a code where it is settled here (no answer; an integer against an integer),
+    else a math-verify job (index, the text handed to it, gold). Returns (codes, extracted answers, jobs)."""
+    codes = [WRONG] * len(completions)
+    extracted: list[str | None] = [None] * len(completions)
+    jobs: list[tuple[int, str, str]] = []
+    for i, text in enumerate(completions):
+        if truncated[i]:
+            continue
+        target = last_boxed(text) if require_boxed else text
+        if target is None and fallback is not None:
+            target = _fallback_match(fallback, text)
+        if target is None or not target.strip() or (require_boxed and len(target) > MAX_BOX_CHARS):
+            codes[i] = NO_ANSWER
+            continue
+        extracted[i] = target
+        if require_boxed and _INT.fullmatch(target) and _INT.fullmatch(str(answers[i])):
+            # Integer against integer (every AIME and arith answer): math-verify would compare the same numbers
+            # (it also accepts "042" for 42), at ~4 ms a call through latex2sympy; this takes microseconds.
+            codes[i] = CORRECT if int(target.strip(" ")) == int(str(answers[i]).strip(" ")) else WRONG
+            continue
+        jobs.append((i, f"\\boxed{{{target}}}" if require_boxed else target, str(answers[i])))
+    return codes, extracted, jobs
 
 
 def gradable(answers: list[str], *, timeout_s: float = 5.0, workers: int = 1) -> list[bool]:

@@ -298,7 +298,9 @@ def train_batch(mu: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> Trai
 
 
 def fake_run(cfg: CorrectionConfig, agg: str) -> SimpleNamespace:
-    return SimpleNamespace(cfg=SimpleNamespace(correction=cfg, objective=SimpleNamespace(agg=agg)), pg=SingleProcess())
+    return SimpleNamespace(
+        cfg=SimpleNamespace(correction=cfg, objective=SimpleNamespace(agg=agg)), ranks=SingleProcess()
+    )
 
 
 def loss_and_coef(objective, cfg, agg, logp, mu, old, adv, mask):

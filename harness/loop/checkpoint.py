@@ -99,7 +99,7 @@ def save_sharded_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
-    pg: ProcessGroup,
+    ranks: ProcessGroup,
     adapters_only: bool = False,
     keep: int = 2,
     pause_s: float = 0.0,
@@ -114,33 +114,33 @@ def save_sharded_checkpoint(
     _check_args(keep, extra)  # on every rank: one raising alone would leave the others waiting
     root = Path(run_dir) / CHECKPOINTS
     made: str | None = None
-    if pg.main:
+    if ranks.main:
         try:
             made = str(_new_temp(root, step))
         except OSError as e:
             made = f"error: {first_line(e)}"
-    name = pg.broadcast(made)  # every rank writes into the folder rank 0 made
+    name = ranks.broadcast(made)  # every rank writes into the folder rank 0 made
     if name is None or name.startswith("error: "):
         raise OSError(f"checkpoint step_{step} could not be written under {root}: {(name or '')[7:]}")
     tmp = Path(name)
-    rngs = pg.gather_objects(_rng_state())
+    rngs = ranks.gather_objects(_rng_state())
     error = ""
     try:
         fresh = sharded.save_shards(tmp, model, optimizer, adapters_only)
-        if pg.main:
+        if ranks.main:
             state = {"step": int(step), "extra": extra, "rng": rngs[0], "rng_ranks": rngs, "optimizer_fresh": fresh}
             torch.save(state, tmp / "state.pt")
             fsync_path(tmp / "state.pt")
     except Exception as e:  # DCP raises its CheckpointException on every rank when any rank failed to write
         error = first_line(e)
-    failed = pg.any(bool(error))  # the state.pt write is rank 0's alone
+    failed = ranks.any(bool(error))  # the state.pt write is rank 0's alone
     if failed:
-        if pg.main:
+        if ranks.main:
             shutil.rmtree(tmp, ignore_errors=True)
-        pg.barrier()
+        ranks.barrier()
         raise OSError(f"checkpoint step_{step} could not be written under {root}: {error or 'another rank failed'}")
-    pg.barrier()  # every shard is on disk before the rename makes the folder count as complete
-    return _publish(tmp, step, keep, pause_s) if pg.main else None
+    ranks.barrier()  # every shard is on disk before the rename makes the folder count as complete
+    return _publish(tmp, step, keep, pause_s) if ranks.main else None
 
 
 def _check_args(keep: int, extra: dict[str, Any]) -> None:
@@ -361,11 +361,19 @@ def checkpoint(run: Run, step: int, pause_s: float = 0.0) -> None:
     extra = {"skipped_steps": run.skipped, "clipped_tokens": run.clipped.state(), **checkpoint_extra(run, step)}
     lora = is_lora(run.policy)  # the adapters only: the frozen base is the model the run started from
     keep = run.cfg.trainer.keep_checkpoints
-    if run.pg.main:
+    if run.ranks.main:
         run.log.sync()  # the logged lines up to this step are as durable as the checkpoint that follows them
-    if run.pg.active:
+    if run.ranks.active:
         save_sharded_checkpoint(
-            run.run_dir, step, run.policy, run.optimizer, extra, run.pg, adapters_only=lora, keep=keep, pause_s=pause_s
+            run.run_dir,
+            step,
+            run.policy,
+            run.optimizer,
+            extra,
+            run.ranks,
+            adapters_only=lora,
+            keep=keep,
+            pause_s=pause_s,
         )
     else:
         weights = adapter_state_dict(run.policy.state_dict()) if lora else None

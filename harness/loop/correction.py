@@ -73,7 +73,7 @@ def corrected(run: Run, mb: Any, lp: LogProbOutput) -> Corrected:
     if run.cfg.objective.agg.startswith("seq-mean"):
         # Rows without signal are not forwarded: as in one process, they count as kept.
         gone = int((b.mask.any(-1) & ~c.keep.any(-1)).sum()) if mb.has_signal else 0
-        full = max(full - run.pg.all_sum(float(gone)), 1.0)
+        full = max(full - run.ranks.all_sum(float(gone)), 1.0)
     batch = dataclasses.replace(b, advantages=b.advantages * c.keep)
     is_logp = lp.logp.detach() if weight is not None else None
     return Corrected(batch, b.mask * c.keep, weight, is_logp, full, c.metrics)

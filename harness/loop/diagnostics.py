@@ -113,13 +113,13 @@ class ClippedTokens:
             self.seen[sign].update(mb.response_ids[tokens].tolist())
             self.clipped[sign].update(mb.response_ids[hit].tolist())
 
-    def metrics(self, pg: ProcessGroup) -> dict[str, float]:
+    def metrics(self, ranks: ProcessGroup) -> dict[str, float]:
         """objective/clipped_{frac,mu_mean,entropy_mean,lowmu_frac}_{pos,neg} and objective/lowmu_frac_{pos,neg}:
         summed over ranks, then divided."""
         out: dict[str, float] = {}
         if not self.step:
             return out
-        total = {key: pg.all_sum(value) for key, value in sorted(self.step.items())}
+        total = {key: ranks.all_sum(value) for key, value in sorted(self.step.items())}
         for sign in SIGNS:
             n, hit = total[f"{sign}/tokens"], total[f"{sign}/clipped"]
             out[f"objective/clipped_frac_{sign}"] = hit / n if n else float("nan")

@@ -24,7 +24,7 @@ from harness.config import RunConfig
 from harness.loop.export import export_or_warn
 from harness.lora import engine_state_dict
 from harness.reward_model import evaluate_rm
-from harness.rewards import grade
+from harness.rewards import GradeResult, grade
 from harness.rollout.base import EvalSettings, sample_eval
 
 if TYPE_CHECKING:
@@ -96,34 +96,7 @@ def evaluate(
     answers = [problems[int(g)].answer for g in ro.group]
     graded = grade(ro.texts, answers, ro.finished.tolist(), **dict(grading or {}))
 
-    by_problem: dict[int, list[int]] = defaultdict(list)  # problem index -> its sample indices
-    for i, g in enumerate(ro.group.tolist()):
-        by_problem[g].append(i)
-    rows, correct_counts, maj_hits = [], [], []
-    by_kind: dict[str, list[float]] = defaultdict(list)
-    for p_index, p in enumerate(problems):
-        idx = by_problem[p_index]
-        preds = [graded.extracted[i] if not graded.format_fail[i] else None for i in idx]
-        hits = [graded.correct[i] for i in idx]
-        maj, maj_ok = majority(preds, hits)
-        c = sum(hits)
-        correct_counts.append(c)
-        maj_hits.append(maj_ok)
-        kind = getattr(p, "kind", "all")
-        by_kind[kind].append(c / n)
-        rows.append(
-            {
-                "id": p.id,
-                "kind": kind,
-                "answer": p.answer,
-                "n": n,
-                "correct": c,
-                "maj": maj,
-                "maj_correct": maj_ok,
-                "predictions": [None if x is None else x[:PREDICTION_CHARS] for x in preds],
-            }
-        )
-
+    rows, correct_counts, maj_hits, by_kind = per_problem(problems, ro.group.tolist(), graded, n)
     m = len(problems)
     record: dict[str, Any] = {
         f"avg@{n}": sum(graded.correct) / len(graded.correct),
@@ -151,6 +124,41 @@ def evaluate(
     return record, samples
 
 
+def per_problem(
+    problems: Sequence[Any], group: list[int], graded: GradeResult, n: int
+) -> tuple[list[dict[str, Any]], list[int], list[bool], dict[str, list[float]]]:
+    """Each problem's row (its samples' predictions, the majority answer), its number of correct samples, whether
+    the majority is right, and its accuracy filed under its kind."""
+    by_problem: dict[int, list[int]] = defaultdict(list)  # problem index -> its sample indices
+    for i, g in enumerate(group):
+        by_problem[g].append(i)
+    rows, correct_counts, maj_hits = [], [], []
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for p_index, p in enumerate(problems):
+        idx = by_problem[p_index]
+        preds = [graded.extracted[i] if not graded.format_fail[i] else None for i in idx]
+        hits = [graded.correct[i] for i in idx]
+        maj, maj_ok = majority(preds, hits)
+        c = sum(hits)
+        correct_counts.append(c)
+        maj_hits.append(maj_ok)
+        kind = getattr(p, "kind", "all")
+        by_kind[kind].append(c / n)
+        rows.append(
+            {
+                "id": p.id,
+                "kind": kind,
+                "answer": p.answer,
+                "n": n,
+                "correct": c,
+                "maj": maj,
+                "maj_correct": maj_ok,
+                "predictions": [None if x is None else x[:PREDICTION_CHARS] for x in preds],
+            }
+        )
+    return rows, correct_counts, maj_hits, by_kind
+
+
 def eval_settings(cfg: RunConfig, step: int, tiny_model: bool) -> EvalSettings:
     """The evaluation's sampling and logging settings, the same in training (`eval_step`) and in `mode=eval`: the
     seed follows the step, so evaluating checkpoint k samples as training's evaluation at step k did."""
@@ -169,7 +177,7 @@ def eval_step(run: Run, step: int) -> dict[str, float]:
     """Evaluate on the benchmark (rank 0, logged there); every rank gets the record. Updates `best`/`last_eval`."""
     cfg = run.cfg
     if cfg.eval.engine == "policy":  # a collective under FSDP2, as sync_weights
-        state = run.pg.full_state_dict(run.policy)
+        state = run.ranks.full_state_dict(run.policy)
         if run.evaluator is not None:
             run.evaluator.sync_weights(engine_state_dict(run.policy, state))
     engine = run.evaluator if run.evaluator is not None else run.engine
@@ -187,7 +195,7 @@ def eval_step(run: Run, step: int) -> dict[str, float]:
         run.clipped.write_table(run.run_dir / "clipped_tokens.csv", run.tokenizer.decode)
         return record
 
-    record = run.pg.from_main(on_main)
+    record = run.ranks.from_main(on_main)
     score = record[run.score_key]
     run.best = score if run.best is None else max(run.best, score)
     run.last_eval = record

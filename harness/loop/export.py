@@ -106,9 +106,9 @@ def export_policy(run: Run, name: str, step: int, score: float | None) -> Path:
     """policy/<name>: the current weights as a Hugging Face model folder (harness.loop.export), LoRA merged in. A
     collective under FSDP2 (the full weights are gathered to rank 0, which writes); OSError if the write failed."""
     folder = run.run_dir / POLICY / name
-    state = run.pg.full_state_dict(run.policy)
+    state = run.ranks.full_state_dict(run.policy)
     try:
-        if run.pg.main:
+        if run.ranks.main:
             info = dict(
                 step=step,
                 score_key=run.score_key,
@@ -120,7 +120,7 @@ def export_policy(run: Run, name: str, step: int, score: float | None) -> Path:
             )
             save_policy_folder(folder, engine_state_dict(run.policy, state), run.policy, run.tokenizer, info)
     finally:
-        run.pg.barrier()
+        run.ranks.barrier()
     return folder
 
 

@@ -28,10 +28,10 @@ def resume(run: Run) -> None:
     cutting the logs back to it; then open the token sampler and read the best score evaluated so far and the one
     policy/best holds."""
     if run.cfg.trainer.resume:
-        restore = run.pg.restore(run.policy, run.optimizer)  # a one-process checkpoint under torchrun
+        restore = run.ranks.restore(run.policy, run.optimizer)  # a one-process checkpoint under torchrun
         lora = is_lora(run.policy)
         if lora:  # checkpoints hold the adapters only
-            restore = restore_adapter(run.policy, run.optimizer, sharded=run.pg.active)
+            restore = restore_adapter(run.policy, run.optimizer, sharded=run.ranks.active)
         state = load_latest(run.run_dir, run.policy, run.optimizer, restore, adapters_only=lora)
         if state is None and run.cfg.trainer.resume is True:  # the guard saw one that looked whole; none loaded
             raise ResumeRefused(
@@ -46,9 +46,9 @@ def resume(run: Run) -> None:
         run.restored_rollouts = restored(state["extra"]) if state and run.cfg.trainer.max_staleness else None
         run.log.truncate_after(run.done_steps if state else -1)
         run.sync_weights()
-    run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.pg.main else None
+    run.tokens = TokenSamples(run.run_dir, resume_after=run.done_steps) if run.ranks.main else None
     run.best = eval_scores(run.run_dir, run.score_key)[1]
-    run.best_exported = run.pg.from_main(lambda: _kept_best(run))
+    run.best_exported = run.ranks.from_main(lambda: _kept_best(run))
 
 
 def _kept_best(run: Run) -> float | None:

@@ -14,9 +14,8 @@ they need only weights it has), so a resumed run trains on exactly the batches a
 checkpoint without them (written by a synchronous run) restarts the pipeline from its own weights.
 
 The worker is a thread of rank 0's process; the engine it drives is `harness.rollout.process.ProcessEngine`,
-in a process of its own: with the engine in the trainer's process the two shared one Python interpreter, and the
-updates took 0.75-0.82 s instead of 0.65-0.70 s (docs/performance.md, B6). The worker thread itself mostly
-waits on that process, so it costs the trainer little.
+in a process of its own, so that the engine's Python does not share the trainer's interpreter (what that costs:
+docs/performance.md, "Sizes the timings set"). The worker thread itself mostly waits on that process.
 """
 
 from __future__ import annotations
@@ -176,8 +175,8 @@ def step_batch(run: Run, step: int) -> tuple[list[Problem], Rollout, int]:
     """(problems, rollout, the version that sampled it); every rank gets them."""
     problems = step_problems(run, step)
     if run.rollouts is None and not run.cfg.trainer.max_staleness:
-        return problems, run.pg.from_main(lambda: generate(run, step, problems)), step - 1
-    made = run.pg.from_main(lambda: run.rollouts.take(step))  # type: ignore[union-attr]
+        return problems, run.ranks.from_main(lambda: generate(run, step, problems)), step - 1
+    made = run.ranks.from_main(lambda: run.rollouts.take(step))  # type: ignore[union-attr]
     lag = step - 1 - made.version
     if made.step != step or not 0 <= lag <= run.cfg.trainer.max_staleness:
         raise RuntimeError(
@@ -210,8 +209,8 @@ def after_update(run: Run, step: int) -> None:
 
 def snapshot(run: Run) -> State | None:
     """A copy of the weights as the engine takes them (LoRA merged); rank 0's, None elsewhere."""
-    state = run.pg.full_state_dict(run.policy)
-    if not run.pg.main:
+    state = run.ranks.full_state_dict(run.policy)
+    if not run.ranks.main:
         return None
     return {name: t.detach().clone() for name, t in engine_state_dict(run.policy, state).items()}
 
@@ -222,7 +221,7 @@ def start(run: Run) -> None:
     if not t.max_staleness or run.done_steps >= t.total_steps:
         return
     floor = snapshot(run)
-    if run.pg.main:
+    if run.ranks.main:
         run.rollouts = AsyncRollouts(
             lambda step: generate(run, step, step_problems(run, step)), run.engine.sync_weights, t.max_staleness,  # type: ignore[union-attr]
             range(run.done_steps + 1, t.total_steps + 1), (run.done_steps, floor), run.restored_rollouts,  # type: ignore[arg-type]

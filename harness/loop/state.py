@@ -3,7 +3,7 @@ Checkpoints (`checkpoint.py`), resume (`resume.py`), evaluation (`evaluate.py`) 
 act on it, each in its own module.
 
 `build_run` is the setup phase of DESIGN.md's data flow: model, engine, data, objective, optimizer. Everything
-that depends on the rank goes through `Run.pg` (harness.distributed), whose one-process implementation is
+that depends on the rank goes through `Run.ranks` (harness.distributed), whose one-process implementation is
 the identity: rank 0 holds the engine, the run log and the token sampler; the other ranks hold null ones.
 """
 
@@ -51,7 +51,7 @@ class Run:
 
     cfg: RunConfig
     run_dir: Path
-    pg: ProcessGroup
+    ranks: ProcessGroup
     log: RunLog | NullLog
     policy: torch.nn.Module
     tokenizer: Any
@@ -91,7 +91,7 @@ class Run:
     def sync_weights(self) -> None:
         """The engine's copy follows the trainer (through the precision's transform). A collective under FSDP2:
         every rank takes part, rank 0 pushes."""
-        state = self.pg.full_state_dict(self.policy)
+        state = self.ranks.full_state_dict(self.policy)
         if self.engine is not None:  # LoRA: the base weights with the adapters merged in, under the base names
             self.engine.sync_weights(engine_state_dict(self.policy, state))
 
@@ -112,9 +112,9 @@ def score_key(cfg: RunConfig) -> str:
     return "rm_score" if cfg.reward.kind == "reward_model" else f"avg@{cfg.eval.n}"
 
 
-def open_log(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any], pg: ProcessGroup) -> RunLog | NullLog:
+def open_log(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any], ranks: ProcessGroup) -> RunLog | NullLog:
     """Rank 0 writes the run directory (and W&B); the other ranks log nowhere."""
-    if not pg.main:
+    if not ranks.main:
         return NullLog()
     return RunLog(run_dir, wandb_settings(cfg), config=raw_config, resume=cfg.trainer.resume)
 
@@ -126,7 +126,7 @@ def trainer_threads(cfg: RunConfig) -> int:
     return cfg.trainer.threads or (max(1, cores // 2) if cfg.trainer.max_staleness else cores)
 
 
-def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | NullLog) -> Run:
+def build_run(cfg: RunConfig, run_dir: Path, ranks: ProcessGroup, log: RunLog | NullLog) -> Run:
     """Setup: model, data, objective, optimizer, and last the engine (nothing after it can fail before the caller
     owns the Run that closes it). A missing model or data file, or an unusable option, is one line
     (SetupError), not a traceback."""
@@ -142,20 +142,20 @@ def build_run(cfg: RunConfig, run_dir: Path, pg: ProcessGroup, log: RunLog | Nul
         # Sharded runs load on the CPU: fully_shard moves each rank's shard to its GPU, so no GPU ever holds
         # the whole model.
         policy, tokenizer = load_policy(
-            model_path, dtype=DTYPES[cfg.model.dtype], device="cpu" if pg.active else cfg.device
+            model_path, dtype=DTYPES[cfg.model.dtype], device="cpu" if ranks.active else cfg.device
         )
-        policy = _prepare_policy(policy, cfg, prec, pg)
+        policy = _prepare_policy(policy, cfg, prec, ranks)
         eval_prompts = render_prompts(tokenizer, eval_set, cfg.data.template)
         t = cfg.trainer
         optimizer = torch.optim.AdamW(  # under LoRA only the adapters are trainable
             trainable_parameters(policy), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay
         )
         run = Run(
-            cfg, run_dir, pg, log, policy, tokenizer, objective, optimizer, prec, train_set, eval_set, eval_prompts
+            cfg, run_dir, ranks, log, policy, tokenizer, objective, optimizer, prec, train_set, eval_set, eval_prompts
         )
-        if pg.main and cfg.reward.kind == "reward_model":  # rank 0 scores the whole batch and shares the rewards
+        if ranks.main and cfg.reward.kind == "reward_model":  # rank 0 scores the whole batch and shares the rewards
             run.scorer = RewardModel.from_config(cfg.reward, tokenizer, cfg.device)
-        if pg.main:  # one engine per run: rank 0 samples the whole step's batch and shares it
+        if ranks.main:  # one engine per run: rank 0 samples the whole step's batch and shares it
             build = (cfg.rollout, str(model_path), cfg.precision.name, cfg.seed, cfg.model.max_model_len, cfg.device)
             # Asynchronous rollouts: the engine in its own process, so its Python does not queue behind the trainer's
             run.engine = (
@@ -210,7 +210,7 @@ def _objective_values(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _prepare_policy(
-    policy: torch.nn.Module, cfg: RunConfig, prec: precisions.Precision, pg: ProcessGroup
+    policy: torch.nn.Module, cfg: RunConfig, prec: precisions.Precision, ranks: ProcessGroup
 ) -> torch.nn.Module:
     """LoRA adapters (model.lora_rank > 0), gradient checkpointing, FP8 training linears, then FSDP2 sharding (a
     no-op with one process)."""
@@ -226,4 +226,4 @@ def _prepare_policy(
             "allowed with it: fp32, bf16, fp8_rollout"
         )
     gpu_bf16 = prec.train_autocast if cfg.device == "cuda" else None
-    return pg.shard(policy, param_dtype=gpu_bf16)
+    return ranks.shard(policy, param_dtype=gpu_bf16)

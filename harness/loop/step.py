@@ -7,7 +7,7 @@ updates (objective -> [bypass-mode correction] -> aggregate -> AdamW) -> weight 
 step's metrics row.
 
 Under torchrun every rank runs the same code on the whole step's batch (rank 0 rolls it out) and trains on every
-world-th row of each mini-batch; `Run.pg` makes that the identity with one process.
+world-th row of each mini-batch; `Run.ranks` makes that the identity with one process.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         **staleness_metrics(run, step, version),
         **update_metrics,
         **({} if corr is None else {k: float(v) for k, v in corr.metrics.items()}),
-        **run.clipped.metrics(run.pg),
+        **run.clipped.metrics(run.ranks),
         "optim/lr": run.optimizer.param_groups[0]["lr"],  # what AdamW used, which a resume sets from the config
         "optim/updates": float(updates),
         "optim/skipped_steps": float(run.skipped),
@@ -97,7 +97,7 @@ def score(run: Run, problems: list[Problem], ro: Rollout) -> tuple[torch.Tensor,
     """Rewards (math-verify against each problem's answer, or rank 0's reward model) and group advantages."""
     if run.cfg.reward.kind == "reward_model":
         rows = [problems[int(g)] for g in ro.group]
-        values, reward_metrics = run.pg.from_main(lambda: run.scorer.rewards(rows, ro.texts))  # type: ignore[union-attr]
+        values, reward_metrics = run.ranks.from_main(lambda: run.scorer.rewards(rows, ro.texts))  # type: ignore[union-attr]
     else:
         answers = [problems[int(g)].answer for g in ro.group]
         graded = grade(ro.texts, answers, ro.finished.tolist(), **run.cfg.reward.grade_kwargs())
@@ -165,7 +165,7 @@ def update_minibatches(
     forward (before any update); if no row had a signal, one gradient-free forward over the first mini-batch
     measures it instead. Tokens a decoupled-mode correction rejected leave the denominators too (and a row with none
     left, the seq-mean ones)."""
-    cfg, t, pg = run.cfg, run.cfg.trainer, run.pg
+    cfg, t, ranks = run.cfg, run.cfg.trainer, run.ranks
     order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(cfg.seed + step))
     sample_tokens = run.tokens is not None and t.tokens_per_eval > 0
     sample_tokens = sample_tokens and (step % t.eval_every == 0 or step == t.total_steps)
@@ -173,12 +173,12 @@ def update_minibatches(
     updates = 0
     for rows in order.chunk(t.minibatches):
         full_denominator = minibatch_denominator(batch, corr, rows, cfg.objective.agg)
-        rows = rows[pg.rank :: pg.world]  # the mini-batches are the same on every rank, their rows are split
+        rows = rows[ranks.rank :: ranks.world]  # the mini-batches are the same on every rank, their rows are split
         active = (batch.advantages[rows] != 0).any(1)
         has_signal = bool(active.any())
         # FSDP2's forward and backward are collectives: a rank without signal still runs them (with a zero loss)
         # as long as some rank has signal.
-        any_signal = pg.any(has_signal)
+        any_signal = ranks.any(has_signal)
         measuring = not rows_metrics  # nothing measured yet this step
         if not any_signal and not measuring:
             continue
@@ -196,7 +196,7 @@ def update_minibatches(
         )
         updates += applied
         sample_tokens = sample_tokens and not sampled
-        rows_metrics.append(pg.mean_metrics(m))
+        rows_metrics.append(ranks.mean_metrics(m))
     return _mean_of(rows_metrics), updates
 
 
@@ -216,7 +216,8 @@ def update(
         return m, False, False
     cmb = corrected(run, mb, lp)
     out = objective_or_skip(run.objective, lp, cmb.batch, mb.old_logp, cmb.mask, cmb.is_logp)
-    skip = run.pg.any(out is None)  # a NaN/inf from the model: nothing to learn from, on any rank (FSDP2 collectives)
+    # a NaN/inf from the model: nothing to learn from, on any rank (FSDP2 collectives)
+    skip = run.ranks.any(out is None)
     if skip or out is None:
         skip_update(run)
         m.update({"optim/loss": math.nan, "optim/grad_norm": math.nan})
@@ -272,7 +273,7 @@ def save_batch(run: Run, step: int, lp: LogProbOutput, b: TrainBatch, old_logp: 
     """`trainer.save_batches`: append this update's objective inputs to batches/step_<k>.pt (rank 0's rows), so a
     replay (analysis/replay.py) can run every objective on exactly these tokens. Detached copies: nothing here
     touches the graph or any RNG, so a run that saves trains exactly as one that does not."""
-    if not run.pg.main:
+    if not run.ranks.main:
         return
     path = run.run_dir / "batches" / f"step_{step}.pt"
     path.parent.mkdir(exist_ok=True)
@@ -288,12 +289,12 @@ def save_batch(run: Run, step: int, lp: LogProbOutput, b: TrainBatch, old_logp: 
 def apply_update(run: Run, loss: torch.Tensor) -> tuple[bool, torch.Tensor, torch.Tensor]:
     """Backward, clip, and the AdamW step if loss and gradient are finite; otherwise nothing is applied and the
     skip is counted. Returns (applied, the global loss, the gradient norm)."""
-    pg = run.pg
+    ranks = run.ranks
     run.optimizer.zero_grad(set_to_none=True)
     # FSDP2 averages gradients over ranks; each rank's loss is its share of the global sum.
-    (loss * pg.world).backward()
+    (loss * ranks.world).backward()
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), run.cfg.trainer.grad_clip))
-    loss = torch.tensor(pg.all_sum(float(loss.detach())))
+    loss = torch.tensor(ranks.all_sum(float(loss.detach())))
     if torch.isfinite(loss) and torch.isfinite(grad_norm):
         run.optimizer.step()
         if run.cfg.rollout.sync == "step":

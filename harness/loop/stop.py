@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def stop_requested(run: Run) -> bool:
     """Whether any rank has received a stop: a collective, so every rank stops before the same step."""
-    return run.pg.any(preemption.requested() is not None)
+    return run.ranks.any(preemption.requested() is not None)
 
 
 def stop_at(run: Run, step: int) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def stop_at(run: Run, step: int) -> dict[str, Any]:
     if step > 0 and run.checkpointed != step:
         checkpoint_or_warn(run, step)  # a failed write leaves the previous checkpoint: its step is reported
     stop = preemption.requested()  # the first rank's that received one: maybe not rank 0, which writes the summary
-    received = [r for r in run.pg.gather_objects(stop.record() if stop else None) if r is not None]
+    received = [r for r in run.ranks.gather_objects(stop.record() if stop else None) if r is not None]
     return _preempted(run, step, abandoned=None, received=received[0] if received else None)
 
 
@@ -57,7 +57,7 @@ def _preempted(
         out["best_score"] = run.best
         out["initial_score"] = eval_scores(run.run_dir, run.score_key)[0]
         out.update(health.summary_fields(run.cfg, run.run_dir))
-    if run is None or run.pg.main:
+    if run is None or run.ranks.main:
         where = "nothing to resume from" if kept is None else f"checkpoint step_{kept}"
         logger.warning(
             "preempted by %s after step %s (%s); continue with trainer.resume=auto",

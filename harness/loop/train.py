@@ -34,14 +34,14 @@ from harness.rundir.files import read_jsonl
 def train(cfg: RunConfig, run_dir: Path, raw_config: dict[str, Any]) -> dict[str, Any]:
     """Train per `cfg`, writing everything into `run_dir`. Returns the summary written to summary.json."""
     t_start = time.time()
-    pg = distributed.setup()
-    log = open_log(cfg, run_dir, raw_config, pg)
+    ranks = distributed.setup()
+    log = open_log(cfg, run_dir, raw_config, ranks)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "objective": cfg.objective.name}
     run: Run | None = None
     t = cfg.trainer
     with finishing(log, summary, t_start), StopSignals(t.preempt_signals, t.preempt_grace_s) as signals:
         try:
-            run = build_run(cfg, run_dir, pg, log)
+            run = build_run(cfg, run_dir, ranks, log)
             run.sync_weights()
             resume(run)
             if run.done_steps == 0:
@@ -77,7 +77,7 @@ def train_steps(run: Run) -> int | None:
             bar.close()
             return step - 1
         metrics = rl_step(run, step)
-        if step == 1 and run.pg.main:
+        if step == 1 and run.ranks.main:
             warn_if_unhealthy(run, metrics)
         last = run.last_eval
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", eval=f"{last[run.score_key]:.3f}" if last else "-")
@@ -99,7 +99,7 @@ def progress(run: Run) -> tqdm:
         total=t.total_steps,
         desc=run.cfg.objective.name,
         dynamic_ncols=True,
-        disable=None if run.pg.main else True,
+        disable=None if run.ranks.main else True,
     )
 
 
@@ -116,7 +116,7 @@ def final_summary(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     if run.last_eval is None:  # resumed after the last step: its evaluation is on disk already
         path = run.run_dir / "eval.jsonl"
         previous = read_jsonl(path) if path.exists() else []
-        last = run.pg.broadcast(previous[-1] if previous else None)
+        last = run.ranks.broadcast(previous[-1] if previous else None)
         run.last_eval = last or eval_step(run, run.cfg.trainer.total_steps)
     out: dict[str, Any] = dict(
         status="completed",

@@ -97,6 +97,64 @@ def prepare(
     needs_topk: bool,
 ) -> Batch:
     """Check shapes and finiteness, upcast to fp32 and zero the padding with `where` (not multiplication)."""
+    _check_shapes(
+        objective,
+        logp,
+        behavior_logp,
+        advantages,
+        mask,
+        old_logp,
+        topk_logp,
+        topk_behavior_logp,
+        is_logp,
+        needs_old=needs_old,
+        needs_topk=needs_topk,
+    )
+    m = mask > 0
+    _check_finite(
+        objective,
+        m,
+        logp,
+        behavior_logp,
+        advantages,
+        old_logp,
+        is_logp,
+        (topk_logp, topk_behavior_logp) if needs_topk else None,
+    )
+
+    # At least fp32 (bf16 log-probs would blur the trust region); fp64 inputs stay fp64.
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+
+    def clean(t: Tensor | None) -> Tensor | None:
+        return None if t is None else torch.where(m, t.to(dtype), zero)
+
+    def clean_k(t: Tensor | None) -> Tensor | None:
+        # -inf is a legal log-prob for a top-K entry (probability 0); only padding is replaced.
+        return None if t is None else torch.where(m.unsqueeze(-1), t.to(dtype), zero)
+
+    return Batch(
+        logp=clean(logp), behavior_logp=clean(behavior_logp), advantages=clean(advantages), mask=m,
+        old_logp=clean(old_logp), is_logp=clean(None if is_logp is None else is_logp.detach()),
+        topk_logp=clean_k(topk_logp) if needs_topk else None,
+        topk_behavior_logp=clean_k(topk_behavior_logp) if needs_topk else None,
+    )  # fmt: skip
+
+
+def _check_shapes(
+    objective: str,
+    logp: Tensor,
+    behavior_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    old_logp: Tensor | None,
+    topk_logp: Tensor | None,
+    topk_behavior_logp: Tensor | None,
+    is_logp: Tensor | None,
+    *,
+    needs_old: bool,
+    needs_topk: bool,
+) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     shape = logp.shape
@@ -117,7 +175,17 @@ def prepare(
             )
         _check_shape("topk_behavior_logp", topk_behavior_logp, topk_logp.shape, "topk_logp")
 
-    m = mask > 0
+
+def _check_finite(
+    objective: str,
+    m: Tensor,
+    logp: Tensor,
+    behavior_logp: Tensor,
+    advantages: Tensor,
+    old_logp: Tensor | None,
+    is_logp: Tensor | None,
+    topk: tuple[Tensor | None, Tensor | None] | None,
+) -> None:
     # One host sync for all inputs: NaN/inf where the mask is on must not be trained on. This is the training
     # loop's check too: it skips the update when the NaN came from the model (harness.loop.step).
     checks = [("logp", logp.detach()), ("behavior_logp", behavior_logp), ("advantages", advantages)]
@@ -126,7 +194,8 @@ def prepare(
     if is_logp is not None:
         checks.append(("is_logp", is_logp.detach()))
     counts = torch.stack([(~torch.isfinite(t) & m).sum() for _, t in checks])
-    if needs_topk:
+    if topk is not None:
+        topk_logp, topk_behavior_logp = topk
         mk = m.unsqueeze(-1)
         counts = torch.cat(
             [counts, torch.stack([(torch.isnan(t) & mk).sum() for t in (topk_logp, topk_behavior_logp)])]
@@ -135,28 +204,6 @@ def prepare(
     bad = {name: c for (name, _), c in zip(checks, counts.tolist(), strict=True) if c}
     if bad:
         raise NonFiniteInputError(objective, bad)
-
-    # At least fp32 (bf16 log-probs would blur the trust region); fp64 inputs stay fp64.
-    dtype = torch.promote_types(logp.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=logp.device)
-
-    def clean(t: Tensor | None) -> Tensor | None:
-        return None if t is None else torch.where(m, t.to(dtype), zero)
-
-    def clean_k(t: Tensor | None) -> Tensor | None:
-        # -inf is a legal log-prob for a top-K entry (probability 0); only padding is replaced.
-        return None if t is None else torch.where(m.unsqueeze(-1), t.to(dtype), zero)
-
-    return Batch(
-        logp=clean(logp),
-        behavior_logp=clean(behavior_logp),
-        advantages=clean(advantages),
-        mask=m,
-        old_logp=clean(old_logp),
-        topk_logp=clean_k(topk_logp) if needs_topk else None,
-        topk_behavior_logp=clean_k(topk_behavior_logp) if needs_topk else None,
-        is_logp=clean(None if is_logp is None else is_logp.detach()),
-    )
 
 
 def masked_mean(x: Tensor, m: Tensor) -> Tensor:

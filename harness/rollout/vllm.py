@@ -98,10 +98,7 @@ class VLLMEngine(RolloutEngine):
         self.max_topk = max_topk
         self._calls = 0
         self._threads = cpu_threads if device == "cpu" else None
-        memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
         gpu = device.startswith("cuda")
-        if gpu_memory_utilization is not None and gpu:
-            memory = {"gpu_memory_utilization": gpu_memory_utilization}
         self._tp = tensor_parallel_size
         # CPU, one process, unquantized: weight syncs write straight into the model (vllm_cpu_weights.py) once a
         # plan covers it; otherwise, and on GPU, vLLM's reload_weights.
@@ -110,32 +107,11 @@ class VLLMEngine(RolloutEngine):
         self.direct_sync_refused: str | None = None
         self._sleep_mode = sleep and gpu
         self._asleep = False
-        if gpu:
-            memory.update(tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=self._sleep_mode)
-        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-        rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
-        try:
-            self.llm = vllm.LLM(
-                model=model_path,
-                dtype=dtype,
-                seed=seed,
-                max_model_len=max_model_len,
-                enforce_eager=enforce_eager,
-                quantization=quantization,
-                logprobs_mode="processed_logprobs",
-                max_logprobs=max_topk,
-                use_tqdm_on_load=False,
-                # Chunked prefill splits a long prompt across engine steps, and with per-request seeds the CPU
-                # sampler then fails ("CPU Generator does not use offset"): AIME-length prompts hit it.
-                enable_chunked_prefill=False,
-                **memory,
-            )
-        finally:
-            torch.set_num_threads = set_threads
-            set_threads(threads)
-            random.setstate(rng[0])
-            np.random.set_state(rng[1])
-            torch.set_rng_state(rng[2])
+        memory = _memory(gpu, kv_cache_gb, gpu_memory_utilization, tensor_parallel_size, self._sleep_mode)
+        self.llm = _start_llm(
+            vllm, model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            quantization=quantization, max_logprobs=max_topk, **memory,
+        )  # fmt: skip
         self._dtype = self.llm.llm_engine.model_config.dtype
         self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
         if weight_transform is not None:
@@ -316,3 +292,37 @@ def sample_bar(label: str, samples: int) -> Callable[..., Any]:
         return bar
 
     return make
+
+
+def _start_llm(vllm: Any, **kw: Any) -> Any:
+    """`vllm.LLM(**kw)` with the harness's fixed settings. The engine's start may replace `torch.set_num_threads`,
+    change the thread count and draw from the global RNGs; all are put back, so that the trainer's threads and a
+    fixed-seed run's draws do not depend on an engine having started."""
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        return vllm.LLM(
+            logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=False,
+            # Chunked prefill splits a long prompt across engine steps, and with per-request seeds the CPU
+            # sampler then fails ("CPU Generator does not use offset"): AIME-length prompts hit it.
+            enable_chunked_prefill=False,
+            **kw,
+        )
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+
+
+def _memory(gpu: bool, kv_cache_gb: float, utilization: float | None, tp: int, sleep_mode: bool) -> dict[str, Any]:
+    """vLLM's memory keywords: a KV cache of fixed size, or on a GPU a share of its memory when one is given;
+    tensor parallelism and sleep mode exist only there."""
+    memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+    if gpu and utilization is not None:
+        memory = {"gpu_memory_utilization": utilization}
+    if gpu:
+        memory |= {"tensor_parallel_size": tp, "enable_sleep_mode": sleep_mode}
+    return memory

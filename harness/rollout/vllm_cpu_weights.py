@@ -79,6 +79,17 @@ class CPUWeightWriter:
                 self._skip.add(name)  # deduplicated by named_parameters: shares a parameter written above
             else:
                 return f"{name}: no target in the engine"
+        missing = self._uncovered(weights, params, modules)
+        if missing is not None:
+            return missing
+        self._repack = [modules[name] for name in sorted(gemm)]
+        return None
+
+    def _uncovered(
+        self, weights: Mapping[str, torch.Tensor], params: dict[str, nn.Parameter], modules: dict[str, nn.Module]
+    ) -> str | None:
+        """None when the mapped parts fill every fused linear exactly and every engine parameter is written;
+        else what is missing or misshapen."""
         for fused in self._linears.values():
             for leaf, names in fused.parts.items():
                 if "" in names:
@@ -101,7 +112,6 @@ class CPUWeightWriter:
             owner, _, leaf = name.rpartition(".")
             if getattr(modules[owner], leaf) not in written:
                 return f"{name}: its engine parameter is not written"
-        self._repack = [modules[name] for name in sorted(gemm)]
         return None
 
     def write(self, weights: Mapping[str, torch.Tensor]) -> None:
