@@ -5,6 +5,9 @@ number must be finite unless the field declares `"inf": True` (and says what inf
 
     delta: float = field(default=0.15, metadata={"gt": 0, "help": "..."})
 
+A field that changes how a run is carried out or watched, not what it computes, says `"free": True`: two run
+records may differ in it (harness.rundir.record).
+
 `build(Schema, values, where="objective")` rejects unknown keys, wrong types and out-of-range values with a
 `ValueError` like `objective.delta: must be > 0, got -1.0`.
 """

@@ -151,7 +151,11 @@ class RolloutConfig:
     kv_cache_gb: float = field(default=1.0, metadata={"gt": 0, "help": "vLLM CPU KV cache"})
     threads: int = field(
         default=1,
-        metadata={"ge": 1, "help": "vLLM CPU threads while generating (it pins them; 1 is fastest on 2 cores)"},
+        metadata={
+            "free": True,
+            "ge": 1,
+            "help": "vLLM CPU threads while generating (it pins them; 1 is fastest on 2 cores)",
+        },
     )
     enforce_eager: bool = field(default=True, metadata={"help": "vLLM without torch.compile (faster start on CPU)"})
     gpu_memory_utilization: float = field(default=0.4, metadata={"gt": 0, "le": 1, "help": "vLLM on GPU"})

@@ -35,10 +35,16 @@ class TrainerConfig:
     horizon: int | None = field(
         default=None, metadata={"ge": 1, "help": "H of seq-mean-token-sum-norm; null = max_new_tokens"}
     )
-    eval_every: int = field(default=100, metadata={"ge": 1, "help": "evaluate every N steps (and at 0 and the end)"})
+    eval_every: int = field(
+        default=100, metadata={"free": True, "ge": 1, "help": "evaluate every N steps (and at 0 and the end)"}
+    )
     checkpoint_every: int = field(
         default=100,
-        metadata={"ge": 0, "help": "checkpoint every N steps and at the end; 0 = never (throw-away runs: no resume)"},
+        metadata={
+            "free": True,
+            "ge": 0,
+            "help": "checkpoint every N steps and at the end; 0 = never (throw-away runs: no resume)",
+        },
     )
     max_staleness: int = field(
         default=0,
@@ -51,16 +57,22 @@ class TrainerConfig:
     resume: bool | Literal["auto"] = field(
         default=False,
         metadata={
+            "free": True,
             "help": "continue from the run directory's last checkpoint (with the run's own config); auto = continue "
-            "if there is one, else start fresh (requeued jobs)"
+            "if there is one, else start fresh (requeued jobs)",
         },
     )
     resume_allow: tuple[str, ...] = field(
-        default=(), metadata={"help": "keys (or groups) a resume may change, e.g. [trainer.lr]: resume_changes.jsonl"}
+        default=(),
+        metadata={
+            "free": True,
+            "help": "keys (or groups) a resume may change, e.g. [trainer.lr]: resume_changes.jsonl",
+        },
     )
     keep_checkpoints: int = field(
         default=2,
         metadata={
+            "free": True,
             "ge": 1,
             "help": "checkpoints kept on disk, newest first (an unreadable newest one falls back to the next)",
         },
@@ -68,13 +80,15 @@ class TrainerConfig:
     preempt_signals: tuple[str, ...] = field(
         default=("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"),
         metadata={
+            "free": True,
             "help": "signals that stop a training run at the next step boundary with a checkpoint, status "
-            "'preempted' and exit code 75 (docs/reliability.md); [] = the default actions"
+            "'preempted' and exit code 75 (docs/reliability.md); [] = the default actions",
         },
     )
     preempt_grace_s: float = field(
         default=20.0,
         metadata={
+            "free": True,
             "ge": 0,
             "help": "after a stop signal, how long the running step may go on before it is abandoned (the run then "
             "ends preempted with its last scheduled checkpoint); 0 = always finish the step",
@@ -82,23 +96,37 @@ class TrainerConfig:
     )
     threads: int | None = field(
         default=None,
-        metadata={"ge": 1, "help": "torch threads; null = all cores (half of them with trainer.max_staleness > 0)"},
+        metadata={
+            "free": True,
+            "ge": 1,
+            "help": "torch threads; null = all cores (half of them with trainer.max_staleness > 0)",
+        },
     )
-    samples_per_eval: int = field(default=8, metadata={"ge": 0, "help": "completions kept in samples.jsonl"})
+    samples_per_eval: int = field(
+        default=8, metadata={"free": True, "ge": 0, "help": "completions kept in samples.jsonl"}
+    )
     max_bad_steps: int = field(
-        default=3, metadata={"ge": 1, "help": "steps in a row with a non-finite update before the run stops, failed"}
+        default=3,
+        metadata={
+            "free": True,
+            "ge": 1,
+            "help": "steps in a row with a non-finite update before the run stops, failed",
+        },
     )
     checkpoint_pause_s: float = field(
         default=0.0,
-        metadata={"ge": 0, "help": "fault drills: pause inside each checkpoint write, before its rename"},
+        metadata={"free": True, "ge": 0, "help": "fault drills: pause inside each checkpoint write, before its rename"},
     )
     nan_at_steps: tuple[int, ...] = field(
         default=(),
-        metadata={"help": "fault injection (tests, drills): every update of these steps gets a NaN loss"},
+        metadata={"free": True, "help": "fault injection (tests, drills): every update of these steps gets a NaN loss"},
     )
     nan_logits_at_steps: tuple[int, ...] = field(
         default=(),
-        metadata={"help": "fault injection (tests, drills): the model's logits are NaN in every update of these steps"},
+        metadata={
+            "free": True,
+            "help": "fault injection (tests, drills): the model's logits are NaN in every update of these steps",
+        },
     )
     save_batches: tuple[int, ...] = field(
         default=(),
@@ -110,13 +138,16 @@ class TrainerConfig:
     tokens_per_eval: int = field(
         default=2000,
         metadata={
+            "free": True,
             "ge": 0,
             "help": "response tokens (A != 0) of each evaluation step's first mini-batch kept in tokens.parquet",
         },
     )
+    # free: it sets only a logged metric's threshold, and runs made before the key existed used its default
     bad_update_gap: float = field(
         default=0.5,
         metadata={
+            "free": True,
             "ge": 0,
             "lt": 1,
             "help": "mismatch/bad_update_frac counts the A < 0 tokens whose mu - pi exceeds this probability gap "
@@ -200,12 +231,15 @@ class RewardConfig:
 @dataclass(frozen=True)
 class _TopLevel:
     seed: int = field(default=0, metadata={"ge": 0})
-    name: str = field(default="default", metadata={"help": "experiment name: outputs/<name>/..., W&B group"})
+    name: str = field(
+        default="default", metadata={"free": True, "help": "experiment name: outputs/<name>/..., W&B group"}
+    )
     mode: Literal["train", "eval", "plan"] = field(
         default="train",
         metadata={
+            "free": True,
             "help": "train | eval | plan: print one `PLAN <json>` line with the job's overrides and resolved config, "
-            "build nothing (python run.py -m +experiment=NAME mode=plan lists a sweep's jobs)"
+            "build nothing (python run.py -m +experiment=NAME mode=plan lists a sweep's jobs)",
         },
     )
     device: Literal["cpu", "cuda"] = "cpu"
@@ -222,7 +256,7 @@ class RunConfig(_TopLevel):
     rollout: groups.RolloutConfig
     data: groups.DataConfig
     benchmark: groups.BenchmarkConfig
-    logger: groups.LoggerConfig
+    logger: groups.LoggerConfig = field(metadata={"free": True})
     trainer: TrainerConfig
     eval: EvalConfig
     reward: RewardConfig

@@ -4,33 +4,30 @@ only when its record matches, and W&B leaves the free keys out of a run's top-le
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from typing import Any
 
 RECORD = "run_config.json"
 CHANGES = "resume_changes.jsonl"
-# Keys that change how a run is carried out or watched, not what it computes.
-FREE = (
-    "mode",
-    "name",
-    "logger",
-    "trainer.resume",
-    "trainer.resume_allow",
-    "trainer.threads",
-    "rollout.threads",
-    "trainer.eval_every",
-    "trainer.checkpoint_every",
-    "trainer.checkpoint_pause_s",
-    "trainer.keep_checkpoints",
-    "trainer.preempt_signals",
-    "trainer.preempt_grace_s",
-    "trainer.samples_per_eval",
-    "trainer.tokens_per_eval",
-    "trainer.bad_update_gap",  # a logged metric's threshold; runs made before the key existed used its default
-    "trainer.max_bad_steps",
-    "trainer.nan_at_steps",
-    "trainer.nan_logits_at_steps",
-)
+
+
+def free_keys() -> tuple[str, ...]:
+    """The keys whose field says `"free": True` (harness.schema): they change how a run is carried out or watched,
+    not what it computes. A group's field marked free frees the whole group (`logger`)."""
+    from harness.config.run import RunConfig  # the schemas hold the mark; they import nothing of rundir
+
+    keys, types = [], typing.get_type_hints(RunConfig)  # the annotations are strings (postponed evaluation)
+    for f in dataclasses.fields(RunConfig):
+        if f.metadata.get("free"):
+            keys.append(f.name)
+        elif dataclasses.is_dataclass(group := types[f.name]):
+            keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(group) if g.metadata.get("free")]
+    return tuple(keys)
+
+
+FREE = free_keys()
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -51,8 +48,6 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any
 
 def _added_groups(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The defaults of each group added since runs began recording their config, for a record made before it."""
-    import dataclasses
-
     from harness.objectives.correction import CorrectionConfig  # the correction axis: none by default
 
     added = {"correction": CorrectionConfig}
