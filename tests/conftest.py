@@ -187,15 +187,22 @@ def wandb_run_record(run_dir: Path, wait_s: float = 30.0) -> dict:
     group, job type and config, and the artifacts it logged (analysis/wandb_offline.py reads the log). wandb-core
     writes the file from its own process and flushes it after `finish` has returned (seen: a file holding only
     its header right after), so this waits for the run's exit record."""
+    run = finished_wandb_run(run_dir, wait_s)
+    return {"name": run.name, "group": run.group, "job_type": run.job_type, "config": run.config,
+            "artifacts": run.artifacts, "id": run.run_id}  # fmt: skip
+
+
+def finished_wandb_run(folder: Path, wait_s: float = 30.0):
+    """The offline W&B run under `folder` once its exit record is written: wandb-core flushes the log from its own
+    process after `finish` has returned, so a reader right after `finish` may find only the log's header."""
     import time
 
     from analysis import wandb_offline
 
     deadline = time.monotonic() + wait_s
     while True:
-        run = wandb_offline.read(run_dir)
+        run = wandb_offline.read(folder)
         if run.run_id and run.finished:
-            return {"name": run.name, "group": run.group, "job_type": run.job_type, "config": run.config,
-                    "artifacts": run.artifacts, "id": run.run_id}  # fmt: skip
-        assert time.monotonic() < deadline, f"{run_dir} holds no finished W&B run after {wait_s:.0f} s"
+            return run
+        assert time.monotonic() < deadline, f"{folder} holds no finished W&B run after {wait_s:.0f} s"
         time.sleep(0.1)

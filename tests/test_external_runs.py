@@ -17,6 +17,7 @@ import pytest
 from analysis.__main__ import build_experiment
 from analysis.figures import draw
 from analysis.load import load_runs
+from tests.conftest import finished_wandb_run
 from tests.test_analysis import _config, _write_run
 
 
@@ -111,6 +112,7 @@ def test_a_w_and_b_offline_trl_run_is_read_from_its_transaction_log(tmp_path, mo
     run.log({"eval/reward": 0.75, "eval/loss": 0.1, "train/global_step": 2})
     run.finish()
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
+    finished_wandb_run(folder)  # CI once read this log before wandb-core had flushed it: no rows, no `step`
     rs = load_runs([f"trl:{folder}#exp"])
     m = rs.metrics.set_index("step")
     assert list(m.index) == [1, 2] and m.loc[2, "reward/mean"] == 1.0 and m.loc[1, "rollout/entropy"] == 0.9

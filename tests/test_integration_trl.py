@@ -37,6 +37,7 @@ from harness.integrations.trl import (  # noqa: E402
     check_version,
 )
 from harness.objectives import aggregate, get_objective  # noqa: E402
+from tests.conftest import finished_wandb_run  # noqa: E402
 
 TOKENS = 8  # max_completion_length, and so the seq-mean-token-sum-norm horizon
 PAIRS = [(1, 2), (3, 4), (5, 6), (7, 8)]
@@ -193,6 +194,7 @@ def test_a_real_trl_run_logged_to_wandb_is_drawn_beside_a_harness_and_a_verl_run
 
     wandb.finish()
     (run_folder,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
+    finished_wandb_run(run_folder)  # wandb-core flushes its log after finish returns
     roots = [
         str(harness_run(tmp_path / "outputs")),
         f"trl:{run_folder}#exp",
