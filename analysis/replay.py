@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from harness.objectives import get_objective
-from harness.objectives.correction import CorrectionConfig, rollout_correction
+from harness.objectives.correction import Correction, CorrectionConfig, rollout_correction
 
 ROOT = Path(__file__).resolve().parents[1]
 # (label, preset, overrides): the base setting's arms, DRPO at the delta where its corrective region is reached.
@@ -78,21 +78,15 @@ def load_batches(run_dir: Path) -> list[dict[str, Any]]:
     return [b for f in files for b in torch.load(f)]
 
 
-def correction_metrics(correction: CorrectionConfig, batch: dict[str, Any]) -> dict[str, float]:
-    """The correction's own diagnostics on one saved update (IS-weight mean / max, rejected shares), as it logs them."""
-    corr = rollout_correction(correction, batch["old_logp"], batch["behavior_logp"], batch["mask"])
-    return {k.removeprefix("correction/"): float(v) for k, v in corr.metrics.items()}
-
-
-def token_weights(objective: Any, batch: dict[str, Any], correction: CorrectionConfig | None = None) -> torch.Tensor:
+def token_weights(objective: Any, batch: dict[str, Any], corr: Correction | None = None) -> torch.Tensor:
     """c per token: the gradient of the objective's summed per-token loss with respect to log pi; NaN on every
-    token when the objective needs pi_old and the source run did not recompute it (old_logp None). A correction
-    multiplies the loss by its detached weight and drops rejected tokens, as the training step does."""
+    token when the objective needs pi_old and the source run did not recompute it (old_logp None). A rollout
+    correction (`rollout_correction` of this batch) multiplies the loss by its detached weight and drops rejected
+    tokens, as the training step does."""
     if batch["old_logp"] is None and objective.needs_old:
         return torch.full_like(batch["logp"], math.nan)
     advantages, mask, weight, extra = batch["advantages"], batch["mask"], None, {}
-    if correction is not None:  # decoupled, as harness.loop.correction: the ratio is taken against pi_old
-        corr = rollout_correction(correction, batch["old_logp"], batch["behavior_logp"], mask)
+    if corr is not None:  # decoupled, as harness.loop.correction: the ratio is taken against pi_old
         advantages, mask, weight = advantages * corr.keep, mask * corr.keep, corr.weight
         extra = {"is_logp": batch["old_logp"]}
     logp = batch["logp"].clone().requires_grad_(True)
@@ -119,13 +113,15 @@ def replay(batches: list[dict[str, Any]]) -> Tokens:
         parts["advantage"].append(batch["advantages"][keep].numpy())
         parts["entropy"].append(batch["entropy"][keep].numpy())
         for label, obj in objectives.items():
-            c = token_weights(obj, batch, CORRECTED.get(label))
+            corr = None
+            if label in CORRECTED and batch["old_logp"] is not None:  # once: its weights and its own metrics
+                corr = rollout_correction(CORRECTED[label], batch["old_logp"], batch["behavior_logp"], batch["mask"])
+                corrections[label].append({k.removeprefix("correction/"): float(v) for k, v in corr.metrics.items()})
+            c = token_weights(obj, batch, corr)
             weights[label].append(c[keep].numpy())
             hit = ((c == 0) & keep).any(-1)
             n, z = sequences[label]
             sequences[label] = (n + int(rows.sum()), z + int((hit & rows).sum()))
-            if label in CORRECTED and batch["old_logp"] is not None:
-                corrections[label].append(correction_metrics(CORRECTED[label], batch))
     cat = {k: np.concatenate(v) for k, v in parts.items()}
     mean_metrics = {
         label: {k: float(np.mean([m[k] for m in ms])) for k in ms[0]} for label, ms in corrections.items() if ms

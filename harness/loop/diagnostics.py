@@ -94,24 +94,21 @@ class ClippedTokens:
         self.step = {}
 
     def add(self, clipped: torch.Tensor, mb: TrainBatch, entropy: torch.Tensor | None) -> None:
-        valid = mb.mask > 0
-        for sign, side in zip(SIGNS, (mb.advantages > 0, mb.advantages < 0), strict=True):
-            tokens = valid & side
-            hit = tokens & clipped
-            mu = mb.behavior_logp.exp()
-            low = mu < LOW_MU
-            sums = {
-                "tokens": float(tokens.sum()),
-                "clipped": float(hit.sum()),
-                "low": float((tokens & low).sum()),
-                "clipped_low": float((hit & low).sum()),
-                "mu": float(mu[hit].sum()),
-                "entropy": float(entropy[hit].sum()) if entropy is not None else float("nan"),
-            }
-            for key, value in sums.items():
+        valid, mu = mb.mask > 0, mb.behavior_logp.exp()
+        low, ent = mu < LOW_MU, entropy if entropy is not None else torch.full_like(mu, float("nan"))
+        sides = [valid & (mb.advantages > 0), valid & (mb.advantages < 0)]
+        # Both signs' sums in one tensor and one transfer: a host sync per number would stall a GPU step.
+        sums = torch.stack([
+            torch.stack([tokens.sum(), (tokens & clipped).sum(), (tokens & low).sum(), (tokens & clipped & low).sum(),
+                         mu[tokens & clipped].sum(), ent[tokens & clipped].sum()]).float()
+            for tokens in sides
+        ]).tolist()  # fmt: skip
+        ids, masks = mb.response_ids.cpu(), [(t.cpu(), (t & clipped).cpu()) for t in sides]
+        for sign, row, (tokens, hit) in zip(SIGNS, sums, masks, strict=True):
+            for key, value in zip(("tokens", "clipped", "low", "clipped_low", "mu", "entropy"), row, strict=True):
                 self.step[f"{sign}/{key}"] = self.step.get(f"{sign}/{key}", 0.0) + value
-            self.seen[sign].update(mb.response_ids[tokens].tolist())
-            self.clipped[sign].update(mb.response_ids[hit].tolist())
+            self.seen[sign].update(ids[tokens].tolist())
+            self.clipped[sign].update(ids[hit].tolist())
 
     def metrics(self, ranks: ProcessGroup) -> dict[str, float]:
         """objective/clipped_{frac,mu_mean,entropy_mean,lowmu_frac}_{pos,neg} and objective/lowmu_frac_{pos,neg}:
